@@ -1,0 +1,97 @@
+"""Command line: `python -m realtime {serve,transcribe,stream}`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from . import transcript as fmt
+from .audio import AudioDecodeError
+from .config import add_arguments, from_namespace
+
+ENGINE_FLAGS = ("engine", "model", "compute_type", "device", "cpu_threads", "beam_size", "language",
+                "vad_threshold", "vad_neg_threshold", "vad_min_speech_ms", "vad_min_silence_ms",
+                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s")
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    from .engines import create_engine
+    from .transcribe import transcribe_file
+
+    settings = from_namespace(args)
+    engine = create_engine(settings)
+    status = 0
+
+    async def run() -> int:
+        nonlocal status
+        try:
+            await engine.start()
+        except Exception as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for path in args.files:
+            try:
+                entries = await transcribe_file(path, engine, settings.vad_config())
+            except AudioDecodeError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                status = 2
+                continue
+            if len(args.files) > 1 and args.format in ("text",):
+                print(f"==> {path} <==")
+            if args.format == "text":
+                print(fmt.to_text(entries))
+            elif args.format == "json":
+                print(fmt.to_json(entries, file=str(path)))
+            elif args.format == "srt":
+                print(fmt.to_srt(entries), end="")
+            else:
+                print(fmt.to_vtt(entries), end="")
+            sys.stdout.flush()
+        await engine.close()
+        return status
+
+    return asyncio.run(run())
+
+
+def _stream(args: argparse.Namespace) -> int:
+    from .client import run_stream
+
+    return run_stream(args.url, args.file, args.ice_loopback, args.tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m realtime", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="launch the web app (same as python app.py)", add_help=False)
+    serve.add_argument("rest", nargs=argparse.REMAINDER)
+
+    tr = sub.add_parser("transcribe", help="transcribe audio files")
+    tr.add_argument("files", nargs="+", metavar="FILE")
+    tr.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text")
+    add_arguments(tr, only=ENGINE_FLAGS)
+
+    st = sub.add_parser("stream", help="play a file to a running app over WebRTC and print its events")
+    st.add_argument("url", help="the app's address, e.g. http://127.0.0.1:7860")
+    st.add_argument("file", help="audio file to play in real time")
+    st.add_argument("--ice-loopback", action="store_true", help="offer only 127.0.0.1 as ICE candidate")
+    st.add_argument("--tail", type=float, default=2.0, help="seconds of silence sent after the file")
+
+    args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from .server import main as serve_main
+
+        serve_main(list(args.rest) + extra)
+        return 0
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "transcribe":
+        return _transcribe(args)
+    return _stream(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Engine registry: the setting `engine` names one of these factories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .base import Engine, EngineError, TimedText, TranscribeOptions, Transcription
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+EngineFactory = Callable[["Settings"], Engine]
+
+
+def _embedded(settings: Settings) -> Engine:
+    from .embedded import EmbeddedEngine
+
+    return EmbeddedEngine.from_settings(settings)
+
+
+ENGINES: dict[str, EngineFactory] = {"embedded": _embedded}
+
+
+def register(name: str, factory: EngineFactory) -> None:
+    ENGINES[name] = factory
+
+
+def create_engine(settings: Settings) -> Engine:
+    try:
+        factory = ENGINES[settings.engine]
+    except KeyError:
+        raise ValueError(f"unknown engine {settings.engine!r}; choose one of {', '.join(sorted(ENGINES))}") from None
+    return factory(settings)
+
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineError",
+    "TimedText",
+    "TranscribeOptions",
+    "Transcription",
+    "create_engine",
+    "register",
+]

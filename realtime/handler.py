@@ -1,0 +1,54 @@
+"""The FastRTC audio handler: one per WebRTC connection, bridging frames to a `TranscriptionSession`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from fastrtc import AdditionalOutputs, AsyncStreamHandler
+from fastrtc.utils import get_current_context
+
+from .audio import SAMPLE_RATE, FrameConverter
+from .service import TranscriptionService
+from .session import Event, TranscriptionSession
+
+EMIT_WAIT = 0.5  # emit() must wait on something: an idle session wakes twice a second
+
+
+class TranscriptionHandler(AsyncStreamHandler):
+    def __init__(self, service: TranscriptionService) -> None:
+        # fastrtc resamples browser audio to input_sample_rate before receive()
+        super().__init__(expected_layout="mono", output_sample_rate=SAMPLE_RATE, input_sample_rate=SAMPLE_RATE)
+        self.service = service
+        self.session: TranscriptionSession | None = None
+        self._outbox: asyncio.Queue[Event] = asyncio.Queue()
+        self._convert = FrameConverter()
+
+    def copy(self) -> TranscriptionHandler:
+        return TranscriptionHandler(self.service)
+
+    def _session(self) -> TranscriptionSession:
+        if self.session is None:
+            webrtc_id = get_current_context().webrtc_id
+            self.session = self.service.open_session(webrtc_id, self._outbox.put_nowait)
+        return self.session
+
+    async def start_up(self) -> None:
+        self._session()
+
+    async def receive(self, frame: tuple[int, np.ndarray]) -> None:
+        sample_rate, samples = frame
+        self._session().feed(self._convert(sample_rate, samples))
+
+    async def emit(self) -> AdditionalOutputs | None:
+        session = self._session()
+        try:
+            event = await asyncio.wait_for(self._outbox.get(), EMIT_WAIT)
+        except TimeoutError:
+            return None
+        return AdditionalOutputs(event, session.id)
+
+    async def shutdown(self) -> None:
+        if self.session is not None:
+            self.service.close_session(self.session.id)
+            self.session = None

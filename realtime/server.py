@@ -1,0 +1,112 @@
+"""The web app: the Gradio page, fastrtc's WebRTC signalling, transcript routes and health.
+
+Routes besides the page:
+- `POST /webrtc/offer`: SDP offer for non-browser WebRTC clients (same connection table as the page).
+- `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
+- `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far.
+- `GET /health`: engine, model, readiness and queue figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from . import transcript as fmt
+from .config import Settings, parse_settings
+from .ice import use_loopback_only
+from .service import TranscriptionService
+from .ui import build_page
+
+log = logging.getLogger("realtime")
+
+_FORMATS = {
+    "txt": ("text/plain; charset=utf-8", lambda s: fmt.to_text(s.entries) + "\n"),
+    "srt": ("application/x-subrip; charset=utf-8", lambda s: fmt.to_srt(s.entries)),
+    "vtt": ("text/vtt; charset=utf-8", lambda s: fmt.to_vtt(s.entries)),
+    "json": ("application/json", lambda s: fmt.to_json(s.entries)),
+}
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error",
+                                                               "code": code}})
+
+
+def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
+    if settings.ice_loopback:
+        use_loopback_only()
+    service = service or TranscriptionService(settings)
+    page, webrtc = build_page(service)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        log.info("engine ready: %s", json.dumps(service.engine.describe()))
+        yield
+        await service.stop()
+
+    app = FastAPI(title="realtime transcription", lifespan=lifespan)
+
+    @app.post("/webrtc/offer")
+    async def offer(request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body must be JSON", "invalid_json")
+        if not isinstance(body, dict) or not isinstance(body.get("webrtc_id"), str):
+            return _error(422, "webrtc_id (string) is required", "missing_field")
+        if body.get("type") != "ice-candidate" and not isinstance(body.get("sdp"), str):
+            return _error(422, "sdp and type are required", "missing_field")
+        return await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
+
+    @app.get("/transcript/{webrtc_id}/events")
+    async def events(webrtc_id: str) -> Any:
+        if webrtc_id not in webrtc.pcs and webrtc_id not in webrtc.additional_outputs:
+            return _error(404, f"no live session {webrtc_id}", "unknown_session")
+
+        async def stream() -> AsyncIterator[str]:
+            yield ": connected\n\n"
+            async for outputs in webrtc.output_stream(webrtc_id):
+                yield f"data: {json.dumps(outputs.args[0])}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/transcript/{webrtc_id}.{ext}")
+    async def download(webrtc_id: str, ext: str) -> Any:
+        if ext not in _FORMATS:
+            return _error(404, f"unknown format .{ext}; use txt, srt, vtt or json", "unknown_format")
+        snapshot = service.snapshot(webrtc_id)
+        if snapshot is None:
+            return _error(404, f"no transcript for session {webrtc_id}", "unknown_session")
+        media, render = _FORMATS[ext]
+        return PlainTextResponse(render(snapshot), media_type=media)
+
+    @app.get("/health")
+    async def health() -> Any:
+        return JSONResponse(service.health(), status_code=200 if service.ready else 503)
+
+    app = gr.mount_gradio_app(app, page, path="", show_api=False)
+    return app, service
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    import uvicorn
+
+    app, _ = build_app(settings)
+    print(f"* Real-time transcription on http://{settings.host}:{settings.port}", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

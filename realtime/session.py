@@ -1,0 +1,168 @@
+"""One live transcription session: audio frames in, transcript events out.
+
+A session owns its VAD state, the open segment's LocalAgreement, its transcript and its partial
+schedule. It hands segments to the shared `Worker` and reports `partial`, `final` and `error`
+events through a callback, in segment order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+from .engines import TranscribeOptions, Transcription
+from .stabilize import LocalAgreement
+from .transcript import Entry, Partial, Transcript
+from .vad import SegmentEnd, Segmenter, SegmentStart, SileroVAD, VADConfig
+from .worker import Job, Worker
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+
+
+class TranscriptionSession:
+    def __init__(
+        self,
+        session_id: str,
+        worker: Worker,
+        on_event: Callable[[Event], None],
+        vad_config: VADConfig | None = None,
+        vad_model: SileroVAD | None = None,
+        partial_interval: float = 0.5,
+        partial_interval_max: float = 2.0,
+        language: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = session_id
+        self.worker = worker
+        self.on_event = on_event
+        self.segmenter = Segmenter(vad_config, vad_model)
+        self.partial_interval = partial_interval
+        self.partial_interval_max = partial_interval_max
+        self.options = TranscribeOptions(language=language)
+        self.clock = clock
+        self.transcript = Transcript()
+        self.closed = False
+        self.started_at = clock()
+        self._agreement = LocalAgreement()
+        self._last_partial_at = 0.0
+        self._wall_last = self.started_at
+        self._samples_last = 0
+        self._finals_pending: dict[int, asyncio.Future[Transcription]] = {}
+        self._ends: dict[int, SegmentEnd] = {}
+        self.last_latency: float | None = None
+
+    # -- time
+    @property
+    def stream_time(self) -> float:
+        return self.segmenter.samples / SAMPLE_RATE
+
+    def wall_at(self, stream_seconds: float) -> float:
+        """Wall-clock time at which the audio at `stream_seconds` reached the server."""
+        return self._wall_last - (self._samples_last / SAMPLE_RATE - stream_seconds)
+
+    # -- input
+    def feed(self, audio: np.ndarray) -> None:
+        if self.closed:
+            return
+        self._samples_last += audio.size
+        self._wall_last = self.clock()
+        for event in self.segmenter.feed(audio):
+            self._handle(event)
+        self._maybe_partial()
+
+    def flush(self) -> None:
+        """End of input: close the open segment (file transcription, clean stream end)."""
+        for event in self.segmenter.flush():
+            self._handle(event)
+
+    def _handle(self, event: SegmentStart | SegmentEnd) -> None:
+        if isinstance(event, SegmentStart):
+            self._agreement = LocalAgreement()
+            self._last_partial_at = 0.0
+            return
+        self.worker.drop_partial(self.id)
+        if self.transcript.partial is not None and self.transcript.partial.segment == event.segment:
+            self.transcript.partial = None
+        self._ends[event.segment] = event
+        job = Job(self.id, event.segment, event.audio, "final", self.options)
+        future = self.worker.submit(job)
+        self._finals_pending[event.segment] = future
+        future.add_done_callback(lambda f, seg=event.segment: self._on_final(seg, f))
+
+    def _maybe_partial(self) -> None:
+        seg = self.segmenter
+        if not seg.announced or self.worker.has_partial(self.id):
+            return
+        now = self.clock()
+        interval = min(self.partial_interval_max, max(self.partial_interval, 1.5 * self.worker.stats.engine_latency))
+        if self.worker.pending_finals:
+            interval = self.partial_interval_max
+        if now - self._last_partial_at < interval:
+            return
+        self._last_partial_at = now
+        segment, start, end = seg.segment, seg.speech_start, self.stream_time
+        job = Job(self.id, segment, seg.audio_so_far(), "partial", TranscribeOptions(language=self.options.language,
+                                                                                      partial=True))
+        future = self.worker.submit(job)
+        future.add_done_callback(lambda f: self._on_partial(segment, start, end, f))
+
+    # -- results
+    def _on_partial(self, segment: int, start: float, end: float, future: asyncio.Future[Transcription]) -> None:
+        if self.closed or future.cancelled() or future.exception() is not None:
+            return
+        if not self.segmenter.announced or self.segmenter.segment != segment:
+            return  # the segment closed meanwhile: its final is on the way
+        hyp = self._agreement.update(future.result().text)
+        if not hyp.text:
+            return
+        self.transcript.partial = Partial(segment, start, end, hyp.committed, hyp.tentative)
+        self._emit({
+            "type": "partial", "segment": segment, "text": hyp.text, "committed": hyp.committed,
+            "tentative": hyp.tentative, "start": round(start, 3), "audio_end": round(end, 3),
+        })
+
+    def _on_final(self, segment: int, future: asyncio.Future[Transcription]) -> None:
+        self._finals_pending.pop(segment, None)
+        end_event = self._ends.pop(segment, None)
+        if end_event is None or self.closed or future.cancelled():
+            return
+        latency = max(0.0, self.clock() - self.wall_at(end_event.end))
+        exc = future.exception()
+        base = {"segment": segment, "start": round(end_event.start, 3), "audio_end": round(end_event.end, 3)}
+        if exc is not None:
+            entry = Entry(segment, end_event.start, end_event.end, str(exc), kind="error", latency=latency)
+            self.transcript.add(entry)
+            self._emit({"type": "error", "message": str(exc), **base})
+            return
+        text = future.result().text
+        self.last_latency = latency
+        self.transcript.add(Entry(segment, end_event.start, end_event.end, text, latency=latency))
+        self._emit({"type": "final", "text": text, "latency": round(latency, 3), **base})
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:  # a broken consumer must not stop transcription
+            log.exception("event consumer failed")
+
+    # -- control
+    def clear(self) -> None:
+        self.transcript.clear()
+
+    def close(self) -> None:
+        """Disconnect: cancel queued work and free the audio buffers."""
+        self.closed = True
+        self.worker.cancel_session(self.id)
+        for future in self._finals_pending.values():
+            future.cancel()
+        self._finals_pending.clear()
+        self._ends.clear()
+        self.segmenter = Segmenter(self.segmenter.config, self.segmenter.model)

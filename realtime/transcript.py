@@ -1,0 +1,111 @@
+"""A session's transcript (final entries and the current partial) and its export formats."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A closed speech segment: its final text, or an error that says why it has none."""
+
+    segment: int
+    start: float
+    end: float
+    text: str
+    kind: Literal["final", "error"] = "final"
+    latency: float | None = None
+
+
+@dataclass(frozen=True)
+class Partial:
+    segment: int
+    start: float
+    end: float
+    committed: str
+    tentative: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.committed} {self.tentative}".strip()
+
+
+@dataclass
+class Transcript:
+    entries: list[Entry] = field(default_factory=list)
+    partial: Partial | None = None
+
+    def add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        self.entries.sort(key=lambda e: e.segment)
+        if self.partial is not None and self.partial.segment <= entry.segment:
+            self.partial = None
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.partial = None
+
+    def finals(self) -> list[Entry]:
+        return [e for e in self.entries if e.kind == "final" and e.text]
+
+    def snapshot(self) -> TranscriptSnapshot:
+        return TranscriptSnapshot(tuple(self.entries), self.partial)
+
+
+@dataclass(frozen=True)
+class TranscriptSnapshot:
+    entries: tuple[Entry, ...]
+    partial: Partial | None
+
+    def text(self) -> str:
+        return to_text(e for e in self.entries if e.kind == "final")
+
+
+def _timestamp(seconds: float, sep: str) -> str:
+    ms = max(0, round(seconds * 1000))
+    h, rem = divmod(ms, 3_600_000)
+    m, rem = divmod(rem, 60_000)
+    s, ms = divmod(rem, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def _texts(entries: Iterable[Entry]) -> list[Entry]:
+    return [e for e in entries if e.text and e.kind == "final"]
+
+
+def to_text(entries: Iterable[Entry]) -> str:
+    return "\n".join(e.text for e in _texts(entries))
+
+
+def to_srt(entries: Iterable[Entry]) -> str:
+    blocks = [
+        f"{i}\n{_timestamp(e.start, ',')} --> {_timestamp(e.end, ',')}\n{e.text}\n"
+        for i, e in enumerate(_texts(entries), 1)
+    ]
+    return "\n".join(blocks)
+
+
+def to_vtt(entries: Iterable[Entry]) -> str:
+    blocks = [f"{_timestamp(e.start, '.')} --> {_timestamp(e.end, '.')}\n{e.text}\n" for e in _texts(entries)]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def to_json(entries: Iterable[Entry], **extra: Any) -> str:
+    items = list(entries)
+    doc = {
+        **extra,
+        "text": " ".join(e.text for e in _texts(items)),
+        "segments": [
+            {"id": e.segment, "start": round(e.start, 3), "end": round(e.end, 3), "text": e.text}
+            | ({"error": True} if e.kind == "error" else {})
+            for e in items
+        ],
+    }
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def entry_dict(entry: Entry) -> dict[str, Any]:
+    return asdict(entry)

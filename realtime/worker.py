@@ -1,0 +1,187 @@
+"""The transcription queue: one engine shared by every session, fed by one asyncio worker.
+
+Finals are never dropped and run before partials, in submission order (so each session's order is
+kept). A session has at most one pending partial: a newer one replaces it (coalescing), and pending
+partials wait while finals are queued, so under load partials thin out first. Memory is bounded by
+`max_pending_audio_s`: a final over that bound is answered at once with an explicit overload error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+from .engines import Engine, EngineError, TranscribeOptions, Transcription
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(EngineError):
+    """The queue is full; the segment is reported as an error instead of waiting without bound."""
+
+
+@dataclass(eq=False)
+class Job:
+    session: str
+    segment: int
+    audio: np.ndarray
+    kind: Literal["final", "partial"]
+    options: TranscribeOptions = field(default_factory=TranscribeOptions)
+    future: asyncio.Future[Transcription] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class WorkerStats:
+    finals: int = 0
+    partials: int = 0
+    partials_shed: int = 0
+    errors: int = 0
+    busy_seconds: float = 0.0
+    engine_latency: float = 0.0
+    """Exponential moving average of the engine's seconds per request."""
+
+
+class Worker:
+    def __init__(self, engine: Engine, batch_size: int = 1, max_pending_audio_s: float = 600.0) -> None:
+        self.engine = engine
+        self.batch_size = max(1, batch_size)
+        self.max_pending_samples = int(max_pending_audio_s * SAMPLE_RATE)
+        self.stats = WorkerStats()
+        self._finals: deque[Job] = deque()
+        self._partials: dict[str, Job] = {}
+        self._pending_samples = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._running: list[Job] = []
+
+    # -- lifecycle
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="transcription-worker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for job in [*self._finals, *self._partials.values()]:
+            job.future.cancel()
+        self._finals.clear()
+        self._partials.clear()
+
+    # -- submission
+    @property
+    def pending_finals(self) -> int:
+        return len(self._finals)
+
+    def submit(self, job: Job) -> asyncio.Future[Transcription]:
+        if job.kind == "final":
+            if self._pending_samples + job.audio.size > self.max_pending_samples and self._finals:
+                job.future.set_exception(Overloaded("the transcription engine is overloaded; segment skipped"))
+                self.stats.errors += 1
+                return job.future
+            self._pending_samples += job.audio.size
+            self._finals.append(job)
+        else:
+            old = self._partials.pop(job.session, None)
+            if old is not None:
+                old.future.cancel()
+                self.stats.partials_shed += 1
+            self._partials[job.session] = job
+        self._wake.set()
+        return job.future
+
+    def has_partial(self, session: str) -> bool:
+        return session in self._partials or any(j.session == session and j.kind == "partial" for j in self._running)
+
+    def drop_partial(self, session: str) -> None:
+        job = self._partials.pop(session, None)
+        if job is not None:
+            job.future.cancel()
+
+    def cancel_session(self, session: str) -> None:
+        """Forget everything queued for a session (it disconnected)."""
+        self.drop_partial(session)
+        kept: deque[Job] = deque()
+        for job in self._finals:
+            if job.session == session:
+                self._pending_samples -= job.audio.size
+                job.future.cancel()
+            else:
+                kept.append(job)
+        self._finals = kept
+        for job in self._running:
+            if job.session == session:
+                job.future.cancel()
+
+    # -- the loop
+    def _take(self) -> list[Job]:
+        batch: list[Job] = []
+        while self._finals and len(batch) < self.batch_size:
+            job = self._finals.popleft()
+            self._pending_samples -= job.audio.size
+            batch.append(job)
+        if not batch:
+            # partials only when no final waits; oldest request first across sessions
+            for job in sorted(self._partials.values(), key=lambda j: j.submitted)[: self.batch_size]:
+                del self._partials[job.session]
+                batch.append(job)
+        return batch
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while batch := self._take():
+                self._running = batch
+                t0 = time.perf_counter()
+                try:
+                    if len(batch) == 1:
+                        try:
+                            results: list[Transcription | BaseException] = [
+                                await self.engine.transcribe(batch[0].audio, batch[0].options)
+                            ]
+                        except Exception as exc:
+                            results = [exc]
+                    else:
+                        results = await self.engine.transcribe_batch(
+                            [j.audio for j in batch], [j.options for j in batch]
+                        )
+                except asyncio.CancelledError:
+                    for job in batch:
+                        job.future.cancel()
+                    raise
+                except Exception as exc:  # an engine that raises for the whole batch
+                    results = [exc] * len(batch)
+                elapsed = time.perf_counter() - t0
+                self._running = []
+                self.stats.busy_seconds += elapsed
+                per = elapsed / len(batch)
+                ema = self.stats.engine_latency
+                self.stats.engine_latency = per if ema == 0 else 0.7 * ema + 0.3 * per
+                for job, result in zip(batch, results, strict=True):
+                    if job.future.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        self.stats.errors += 1
+                        log.warning("engine error on %s segment %d: %s", job.kind, job.segment, result)
+                        job.future.set_exception(
+                            result if isinstance(result, EngineError) else EngineError(str(result) or repr(result))
+                        )
+                    else:
+                        if job.kind == "final":
+                            self.stats.finals += 1
+                        else:
+                            self.stats.partials += 1
+                        job.future.set_result(result)
+                await asyncio.sleep(0)
