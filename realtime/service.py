@@ -42,8 +42,7 @@ class TranscriptionService:
         except Exception as exc:
             self.error = str(exc)
             raise
-        self.worker = Worker(self.engine, max_pending_audio_s=self.settings.max_pending_audio_s)
-        self.worker.start()
+        self._ensure_worker()
         self.ready = True
 
     async def stop(self) -> None:
@@ -55,7 +54,8 @@ class TranscriptionService:
 
     def _ensure_worker(self) -> Worker:
         if self.worker is None:  # first session on a loop where start() was not awaited
-            self.worker = Worker(self.engine, max_pending_audio_s=self.settings.max_pending_audio_s)
+            self.worker = Worker(self.engine, batch_size=getattr(self.engine, "max_batch_size", 1),
+                                 max_pending_audio_s=self.settings.max_pending_audio_s)
             self.worker.start()
         return self.worker
 

@@ -2,7 +2,8 @@
 
 Finals are never dropped and run before partials, in submission order (so each session's order is
 kept). A session has at most one pending partial: a newer one replaces it (coalescing), and pending
-partials wait while finals are queued, so under load partials thin out first. Memory is bounded by
+partials wait while finals are queued, so under load partials thin out first. Engines that batch get
+up to `batch_size` jobs at once: finals first, partials of other sessions in the room left. Memory is bounded by
 `max_pending_audio_s`: a final over that bound is answered at once with an explicit overload error.
 """
 
@@ -131,9 +132,10 @@ class Worker:
             job = self._finals.popleft()
             self._pending_samples -= job.audio.size
             batch.append(job)
-        if not batch:
-            # partials only when no final waits; oldest request first across sessions
-            for job in sorted(self._partials.values(), key=lambda j: j.submitted)[: self.batch_size]:
+        if not self._finals:
+            # partials fill what finals leave of a batch, oldest request first across sessions
+            room = self.batch_size - len(batch)
+            for job in sorted(self._partials.values(), key=lambda j: j.submitted)[:room]:
                 del self._partials[job.session]
                 batch.append(job)
         return batch
@@ -166,6 +168,7 @@ class Worker:
                 elapsed = time.perf_counter() - t0
                 self._running = []
                 self.stats.busy_seconds += elapsed
+                log.debug("batch of %d (%s) in %.3fs", len(batch), ",".join(j.kind[0] for j in batch), elapsed)
                 per = elapsed / len(batch)
                 ema = self.stats.engine_latency
                 self.stats.engine_latency = per if ema == 0 else 0.7 * ema + 0.3 * per

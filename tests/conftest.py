@@ -1,0 +1,92 @@
+"""Shared fixtures: synthesized speech, the real embedded engine, and the app launched as users launch it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from speech import SENTENCES, Speech, compose
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+@pytest.fixture(scope="session")
+def speech_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("speech")
+
+
+@pytest.fixture(scope="session")
+def three_sentences(speech_dir: Path) -> Speech:
+    return compose(speech_dir / "three.wav", SENTENCES[:3], gaps=[1.0, 1.2])
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from realtime.engines.embedded import EmbeddedEngine
+
+    e = EmbeddedEngine()
+    e.load()
+    return e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class App:
+    def __init__(self, url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.url, self.proc, self.log = url, proc, log
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=5).json()
+
+
+def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 90) -> App:
+    """Start `python app.py` in a subprocess (as a user would) and wait until /health says ready."""
+    port = free_port()
+    log = tmp / f"app-{port}.log"
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback", *args],
+        cwd=ROOT, env=full_env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).json().get("ready"):
+                return App(url, proc, log)
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError(f"app not ready after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(app: App) -> None:
+    app.proc.terminate()
+    try:
+        app.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        app.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    a = launch(tmp_path_factory.mktemp("app"))
+    yield a
+    stop(a)
