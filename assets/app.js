@@ -1,3 +1,12 @@
+// fastrtc's component preloads a sound from another host; the page only loads what its own server serves.
+(() => {
+  const Native = window.Audio;
+  window.Audio = function (src) {
+    const foreign = typeof src === "string" && /^https?:/.test(src) && !src.startsWith(location.origin);
+    return new Native(foreign ? undefined : src);
+  };
+  window.Audio.prototype = Native.prototype;
+})();
 // Keeps the transcript scrolled to the newest line while the user has not scrolled up.
 (() => {
   const stick = () => {

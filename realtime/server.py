@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,7 +21,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from . import transcript as fmt
 from .config import Settings, parse_settings
@@ -36,6 +37,12 @@ _FORMATS = {
     "vtt": ("text/vtt; charset=utf-8", lambda s: fmt.to_vtt(s.entries)),
     "json": ("application/json", lambda s: fmt.to_json(s.entries)),
 }
+
+
+# Gradio's page template loads iframe-resizer from a CDN and preconnects to web-font hosts; the page must
+# work offline and talk only to its own server, so those tags are removed from every HTML response.
+_EXTERNAL_TAGS = re.compile(rb'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script>|<link[^>]*rel="preconnect"[^>]*>',
+                            re.S)
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -96,6 +103,15 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     @app.get("/health")
     async def health() -> Any:
         return JSONResponse(service.health(), status_code=200 if service.ready else 503)
+
+    @app.middleware("http")
+    async def no_external_assets(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        if not response.headers.get("content-type", "").startswith("text/html"):
+            return response
+        body = _EXTERNAL_TAGS.sub(b"", b"".join([chunk async for chunk in response.body_iterator]))
+        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+        return Response(body, status_code=response.status_code, headers=headers)
 
     app = gr.mount_gradio_app(app, page, path="", show_api=False)
     return app, service

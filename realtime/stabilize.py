@@ -40,7 +40,7 @@ class LocalAgreement:
                 break
             agreed += 1
         if agreed > len(self._committed):
-            self._committed = words[:agreed]
+            self._committed += words[len(self._committed) : agreed]
         self._previous = words
         n = len(self._committed)
         # show the newest hypothesis after the committed prefix, aligned by word count

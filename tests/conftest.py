@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from speech import SENTENCES, Speech, compose
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,111 @@
+"""Drive the real page in headless Chromium with a WAV as the fake microphone; write what happened as JSON.
+
+Run by tests/test_browser.py inside a loopback-only network namespace:
+    unshare --net bash -c 'ip link set lo up && exec python tests/browser_check.py --wav W --out O --shot S'
+It launches `python app.py --ice-loopback` (conftest.launch), opens the page, clicks "start stream", polls
+#rt-transcript until the final text settles, takes a full-page screenshot and records every request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import soundfile as sf
+from playwright.sync_api import sync_playwright
+
+from conftest import launch, stop
+
+FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream", "--allow-loopback-in-peer-connection",
+    "--autoplay-policy=no-user-gesture-required", "--disable-features=WebRtcHideLocalIpsWithMdns",
+]
+# Keep every RTCPeerConnection the page makes, to read the chosen ICE candidate pair afterwards.
+KEEP_PCS = """(() => { const Orig = window.RTCPeerConnection; window.__pcs = [];
+  window.RTCPeerConnection = function (...a) { const pc = new Orig(...a); window.__pcs.push(pc); return pc; };
+  window.RTCPeerConnection.prototype = Orig.prototype; })();"""
+READ = """() => { const box = document.getElementById("rt-transcript");
+  const texts = (sel) => [...box.querySelectorAll(sel)].map((e) => e.textContent.trim()).filter(Boolean);
+  return { finals: texts(".rt-final"), partial: texts(".rt-committed, .rt-tentative"),
+           errors: texts(".rt-error"), up: window.__pcs.some((pc) => pc.connectionState === "connected") }; }"""
+PAIRS = """async () => { const out = [];
+  for (const pc of window.__pcs) { const stats = [...(await pc.getStats()).values()];
+    const byId = Object.fromEntries(stats.map((s) => [s.id, s]));
+    for (const s of stats) if (s.type === "candidate-pair" && s.state === "succeeded" && s.nominated)
+      out.push([byId[s.localCandidateId]?.address, byId[s.remoteCandidateId]?.address]); }
+  return out; }"""
+
+
+def run(wav: Path, shot: Path, expect: int, timeout: float) -> dict[str, Any]:
+    result: dict[str, Any] = {"requests": [], "console": [], "first_text_s": None, "final_text_s": None,
+                              "timeline": []}
+    app = launch(wav.parent)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                        args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav.resolve()}%noloop"])
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.add_init_script(KEEP_PCS)
+            page.on("request", lambda r: result["requests"].append(r.url))
+            page.on("websocket", lambda ws: result["requests"].append(ws.url))
+            page.on("console", lambda m: result["console"].append(f"{m.type}: {m.text}"))
+            t0 = time.monotonic()
+            page.goto(app.url, wait_until="load")
+            # The component first asks for the microphone ("Click to Access Microphone"), then shows "start stream".
+            access = page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone")
+            access.wait_for(state="visible", timeout=30_000)
+            result["page_load_s"] = time.monotonic() - t0
+            access.click()
+            accessed = time.monotonic()
+            button = page.locator('#rt-webrtc button[aria-label="start stream"]')
+            button.click(timeout=10_000)
+            clicked = time.monotonic()
+            result["access_to_start_s"] = clicked - accessed
+            state: dict[str, Any] = {"finals": [], "partial": [], "errors": []}
+            changed, partial_shot, audio_s = clicked, False, sf.info(str(wav)).duration
+            while time.monotonic() - clicked < timeout:
+                now_state = page.evaluate(READ)
+                now = time.monotonic()
+                if "connected_s" not in result and now_state.pop("up"):
+                    result["connected_s"] = round(now - clicked, 2)
+                if result["first_text_s"] is None and (now_state["finals"] or now_state["partial"]):
+                    result["first_text_s"] = round(now - clicked, 2)
+                if now_state["finals"] != state["finals"]:
+                    result["final_text_s"], changed = round(now - clicked, 2), now
+                    result["timeline"].append([round(now - clicked, 2), len(now_state["finals"])])
+                if not partial_shot and now_state["finals"] and len(now_state["partial"]) == 2:
+                    page.locator("#rt-transcript").screenshot(path=str(shot.with_name("browser-partial.png")))
+                    partial_shot = True
+                state = now_state
+                settled = state["finals"] and not state["partial"]
+                if settled and (len(state["finals"]) >= expect or (now - clicked > audio_s and now - changed > 5)):
+                    break
+                page.wait_for_timeout(100)
+            result.update(state, ice_pairs=page.evaluate(PAIRS))
+            page.screenshot(path=str(shot), full_page=True)
+            result["status"] = page.inner_text("#rt-status")
+            browser.close()
+    finally:
+        stop(app)
+        result["app_log"] = app.log.read_text()[-4000:]
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wav", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shot", type=Path, required=True)
+    ap.add_argument("--expect", type=int, default=1, help="final lines to wait for")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds after the click")
+    a = ap.parse_args()
+    a.out.write_text(json.dumps(run(a.wav, a.shot, a.expect, a.timeout), indent=1))
+
+
+if __name__ == "__main__":
+    main()

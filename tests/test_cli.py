@@ -1,0 +1,113 @@
+"""`python -m realtime transcribe` and `python app.py --help`, run as users run them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from realtime.audio import decode_file
+from realtime.config import Settings, env_name, parse_settings
+
+from audio_files import FORMATS, write
+from speech import SENTENCES, compose, wer
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "realtime", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def speech(speech_dir):
+    return compose(speech_dir / "cli.wav", SENTENCES[:3], gaps=[1.0, 1.2])
+
+
+def test_text_json_srt_vtt(speech):
+    text = cli("transcribe", str(speech.path))
+    assert text.returncode == 0, text.stderr
+    assert wer(speech.text, text.stdout) <= 0.15
+
+    doc = json.loads(cli("transcribe", str(speech.path), "--format", "json").stdout)
+    assert len(doc["segments"]) == 3
+    assert wer(speech.text, doc["text"]) <= 0.15
+    for seg, (t0, t1) in zip(doc["segments"], speech.spans, strict=True):
+        assert abs(seg["start"] - t0) < 0.3 and abs(seg["end"] - t1) < 0.3
+
+    srt = cli("transcribe", str(speech.path), "--format", "srt").stdout
+    blocks = [b for b in srt.strip().split("\n\n") if b]
+    assert len(blocks) == 3
+    for i, block in enumerate(blocks, 1):
+        lines = block.splitlines()
+        assert lines[0] == str(i)
+        assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", lines[1])
+        assert lines[2].strip()
+
+    vtt = cli("transcribe", str(speech.path), "--format", "vtt").stdout
+    assert vtt.startswith("WEBVTT\n\n")
+    cues = re.findall(r"^(\d\d:\d\d:\d\d\.\d{3}) --> (\d\d:\d\d:\d\d\.\d{3})$", vtt, flags=re.M)
+    assert len(cues) == 3 and all(a < b for a, b in cues)
+
+
+@pytest.mark.parametrize("suffix", sorted(FORMATS))
+def test_other_formats_rates_and_channels(speech, suffix, tmp_path):
+    path = write(tmp_path / "speech", decode_file(speech.path), suffix)
+    result = cli("transcribe", str(path))
+    assert result.returncode == 0, result.stderr
+    assert wer(speech.text, result.stdout) <= 0.2
+
+
+def test_several_files(speech, tmp_path):
+    other = compose(tmp_path / "other.wav", SENTENCES[5:6])
+    result = cli("transcribe", str(speech.path), str(other.path))
+    assert result.returncode == 0
+    parts = result.stdout.split("==> ")
+    assert len(parts) == 3 and wer(other.text, parts[2].split("<==", 1)[1]) <= 0.2
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "text-as-mp3", "truncated-wav", "missing"])
+def test_bad_files_fail_cleanly(kind, tmp_path, speech):
+    path = tmp_path / {"text-as-mp3": "notes.mp3"}.get(kind, f"{kind}.wav")
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "garbage":
+        path.write_bytes(bytes(range(256)) * 40)
+    elif kind == "text-as-mp3":
+        path.write_text("this is not audio\n" * 100)
+    elif kind == "truncated-wav":
+        path.write_bytes(speech.path.read_bytes()[:30])
+    result = cli("transcribe", str(path))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and str(path) in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_app_help_lists_every_setting():
+    result = subprocess.run([sys.executable, "app.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for name in Settings.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in result.stdout
+        assert env_name(name) in result.stdout
+
+
+def test_environment_and_flags():
+    import os
+
+    os.environ["REALTIME_PORT"] = "9123"
+    os.environ["REALTIME_ICE_LOOPBACK"] = "true"
+    try:
+        s = parse_settings([])
+        assert (s.port, s.ice_loopback, s.concurrency_limit, s.host) == (9123, True, 16, "127.0.0.1")
+        s = parse_settings(["--port", "9000", "--no-ice-loopback", "--vad-min-silence-ms", "300"])
+        assert (s.port, s.ice_loopback, s.vad_config().min_silence_ms) == (9000, False, 300)
+    finally:
+        del os.environ["REALTIME_PORT"], os.environ["REALTIME_ICE_LOOPBACK"]
+    with pytest.raises(ValueError):
+        parse_settings(["--vad-threshold", "0.2", "--vad-neg-threshold", "0.6"])

@@ -1,0 +1,83 @@
+"""The embedded engine with the real bundled Whisper tiny.en weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from realtime.engines import EngineError, TranscribeOptions
+from realtime.engines.embedded import EmbeddedEngine, resolve_model
+
+from speech import SENTENCES, sentence_audio, wer
+
+
+def padded(a: np.ndarray, seconds: float = 0.3) -> np.ndarray:
+    pad = np.zeros(int(seconds * 16000), dtype=np.float32)
+    return np.concatenate([pad, a, pad])
+
+
+@pytest.fixture(scope="module")
+def clips(speech_dir):
+    cache = speech_dir / ".speech-cache"
+    cache.mkdir(exist_ok=True)
+    return [padded(sentence_audio(t, cache)) for t in SENTENCES]
+
+
+def test_wer_on_synthesized_sentences(engine, clips):
+    hyps = [engine.transcribe_sync(c, TranscribeOptions()).text for c in clips]
+    score = wer(" ".join(SENTENCES), " ".join(hyps))
+    print(f"\nembedded tiny.en int8 WER {score:.3f}")
+    assert score <= 0.15, list(zip(SENTENCES, hyps, strict=True))
+
+
+def test_partial_options_transcribe_too(engine, clips):
+    result = engine.transcribe_sync(clips[0], TranscribeOptions(partial=True))
+    assert wer(SENTENCES[0], result.text) <= 0.3
+    assert result.duration == pytest.approx(clips[0].size / 16000)
+
+
+def test_batch_keeps_each_clip_its_own_text(engine, clips):
+    batch = asyncio.run(engine.transcribe_batch(clips[:4], [TranscribeOptions()] * 4))
+    for i, result in enumerate(batch):
+        assert not isinstance(result, BaseException)
+        assert wer(SENTENCES[i], result.text) <= 0.3
+        others = [wer(SENTENCES[j], result.text) for j in range(4) if j != i]
+        assert min(others) > wer(SENTENCES[i], result.text)
+
+
+@pytest.mark.parametrize("kind", ["silence", "white-noise", "loud-noise", "hum", "brown-noise"])
+def test_silence_and_noise_give_empty_text(engine, kind):
+    rng = np.random.default_rng(0)
+    n = 16000 * 3
+    audio = {
+        "silence": np.zeros(n),
+        "white-noise": 0.05 * rng.standard_normal(n),
+        "loud-noise": 0.3 * rng.standard_normal(n),
+        "hum": 0.1 * np.sin(2 * np.pi * 120 * np.arange(n) / 16000),
+        "brown-noise": 0.02 * np.cumsum(rng.standard_normal(n)) / 30,
+    }[kind].astype(np.float32)
+    assert engine.transcribe_sync(audio, TranscribeOptions()).text == ""
+    assert engine.transcribe_sync(audio, TranscribeOptions(partial=True)).text == ""
+
+
+def test_long_clip_and_timestamps_use_long_form(engine, clips):
+    audio = np.concatenate(clips[:6] * 2)  # over 30 s
+    assert audio.size > 30 * 16000
+    result = engine.transcribe_sync(audio, TranscribeOptions(timestamps=True))
+    assert len(result.segments) >= 2
+    assert all(s.end >= s.start for s in result.segments)
+    assert wer(" ".join(SENTENCES[:6] * 2), result.text) <= 0.2
+
+
+def test_bad_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(EngineError, match=r"model\.bin"):
+        EmbeddedEngine(model=str(tmp_path))
+    assert resolve_model("distil-whisper/distil-large-v3.5") == ("distil-whisper/distil-large-v3.5",) * 2
+    assert resolve_model(None)[1] == "tiny.en (bundled)"
+
+
+def test_bad_input_raises_engine_error(engine):
+    with pytest.raises(EngineError):
+        engine.transcribe_sync(np.ones((3, 3, 3), dtype=np.float32), TranscribeOptions())

@@ -1,0 +1,131 @@
+"""A live session in process: VAD, partials with LocalAgreement, finals, errors and disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from realtime.audio import decode_file
+from realtime.config import Settings
+from realtime.service import TranscriptionService
+from realtime.stabilize import LocalAgreement
+
+from speech import SENTENCES, compose, wer
+
+
+def play(service: TranscriptionService, audio: np.ndarray, session_id: str = "s", realtime: float = 0.25):
+    """Feed audio in 20 ms frames at `realtime` x real-time speed; return the session's events."""
+    events: list[dict] = []
+
+    async def scenario():
+        await service.start()
+        session = service.open_session(session_id, events.append)
+        for i in range(0, audio.size, 320):
+            session.feed(audio[i : i + 320])
+            await asyncio.sleep(0.02 * realtime)
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if service.worker.pending_finals == 0 and session._finals_pending == {}:
+                break
+        snapshot = service.snapshot(session_id)
+        service.close_session(session_id)
+        await service.worker.stop()
+        service.worker = None
+        return snapshot
+
+    return events, asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def service(engine):
+    return TranscriptionService(Settings(), engine=engine)
+
+
+def test_partials_precede_finals_and_every_segment_ends_final(service, speech_dir):
+    speech = compose(speech_dir / "session.wav", SENTENCES[:3], gaps=[1.2, 1.2], tail=1.5)
+    events, snapshot = play(service, decode_file(speech.path))
+    finals = [e for e in events if e["type"] == "final"]
+    assert [e["segment"] for e in finals] == [0, 1, 2]
+    for f in finals:
+        before = [e for e in events[: events.index(f)] if e["type"] == "partial" and e["segment"] == f["segment"]]
+        after = [e for e in events[events.index(f) :] if e["type"] == "partial" and e["segment"] == f["segment"]]
+        assert before, f"segment {f['segment']} had no partial before its final"
+        assert not after, "no partial of a segment may follow its final"
+        for p in before:
+            assert p["text"].startswith(p["committed"])
+    assert wer(speech.text, " ".join(f["text"] for f in finals)) <= 0.15
+    assert [e.text for e in snapshot.entries] == [f["text"] for f in finals]
+    assert snapshot.partial is None
+
+
+def test_disconnect_frees_the_session(service, speech_dir):
+    speech = compose(speech_dir / "cut.wav", SENTENCES[3:4], gaps=[], tail=0.0)
+    audio = decode_file(speech.path)
+
+    async def scenario():
+        await service.start()
+        session = service.open_session("gone", lambda e: None)
+        session.feed(audio[: audio.size // 2])  # speech still open
+        assert session.segmenter.announced
+        service.close_session("gone")
+        state = (service.sessions.get("gone"), session.segmenter.audio_so_far().size, session.closed,
+                 service.worker.has_partial("gone"))
+        await service.worker.stop()
+        service.worker = None
+        return state
+
+    assert asyncio.run(scenario()) == (None, 0, True, False)
+    assert service.snapshot("gone") is not None  # the text stays downloadable for a while
+
+
+def test_engine_failure_is_an_error_entry_and_the_session_goes_on(engine, speech_dir):
+    class BrokenOnce:
+        """Wraps the real engine; the first final fails as a crashed engine would."""
+
+        name = "embedded"
+        max_batch_size = 1
+
+        def __init__(self):
+            self.failed = False
+
+        async def start(self):
+            await engine.start()
+
+        async def transcribe(self, audio, options):
+            if not options.partial and not self.failed:
+                self.failed = True
+                raise RuntimeError("engine crashed")
+            return await engine.transcribe(audio, options)
+
+        async def transcribe_batch(self, audios, options):
+            return [await self.transcribe(a, o) for a, o in zip(audios, options, strict=True)]
+
+        async def close(self):
+            pass
+
+        def describe(self):
+            return engine.describe()
+
+    service = TranscriptionService(Settings(), engine=BrokenOnce())
+    speech = compose(speech_dir / "fail.wav", SENTENCES[4:6], gaps=[1.2], tail=1.5)
+    events, snapshot = play(service, decode_file(speech.path))
+    closing = [e for e in events if e["type"] in ("final", "error")]
+    assert [e["type"] for e in closing] == ["error", "final"]
+    assert "engine crashed" in closing[0]["message"]
+    assert wer(SENTENCES[5], closing[1]["text"]) <= 0.3
+    assert [e.kind for e in snapshot.entries] == ["error", "final"]
+
+
+def test_local_agreement_commits_what_two_hypotheses_share():
+    la = LocalAgreement()
+    h1 = la.update("the quick brown")
+    assert (h1.committed, h1.tentative) == ("", "the quick brown")
+    h2 = la.update("The quick brown fox jumps")
+    assert (h2.committed.lower(), h2.tentative) == ("the quick brown", "fox jumps")
+    h3 = la.update("the quick crown fox jumps over")  # a later disagreement does not take words back
+    assert h3.committed.lower() == "the quick brown"
+    h4 = la.update("the quick crown fox jumps over the")
+    assert h4.committed.lower() == "the quick brown fox jumps over"
+    assert h4.text.endswith("over the")

@@ -1,0 +1,101 @@
+"""The queue and worker with the real embedded engine: order, shedding, overload, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from realtime.engines import EngineError, TranscribeOptions
+from realtime.worker import Job, Overloaded, Worker
+
+from speech import SENTENCES, sentence_audio, wer
+
+
+@pytest.fixture(scope="module")
+def clips(speech_dir):
+    cache = speech_dir / ".speech-cache"
+    cache.mkdir(exist_ok=True)
+    return [sentence_audio(t, cache) for t in SENTENCES[:4]]
+
+
+def test_finals_keep_session_order_and_survive_while_partials_are_shed(engine, clips):
+    async def scenario():
+        worker = Worker(engine, batch_size=2)
+        worker.start()
+        done: dict[str, list[int]] = {"a": [], "b": []}
+        finals = []
+        partials = []
+        for i in range(4):
+            for session in ("a", "b"):
+                # a burst of partials per session: only the newest pending one may run
+                for k in range(5):
+                    partials.append(worker.submit(Job(session, i, clips[i][: 8000 * (k + 1)], "partial",
+                                                      TranscribeOptions(partial=True))))
+                job = Job(session, i, clips[i], "final")
+                fut = worker.submit(job)
+                fut.add_done_callback(lambda f, s=session, n=i: done[s].append(n))
+                finals.append((session, i, fut))
+        results = [await f for _, _, f in finals]
+        await asyncio.sleep(0.5)
+        await worker.stop()
+        return worker, done, finals, results, partials
+
+    worker, done, finals, results, partials = asyncio.run(scenario())
+    assert done == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
+    for (_, i, _), result in zip(finals, results, strict=True):
+        assert wer(SENTENCES[i], result.text) <= 0.3
+    shed = sum(1 for p in partials if p.cancelled())
+    assert shed >= len(partials) - 2 * 4, "stale partials must be coalesced away"
+    assert worker.stats.partials_shed >= shed - 2
+    assert worker.stats.finals == 8
+
+
+def test_overload_gives_explicit_error_not_silent_loss(engine, clips):
+    async def scenario():
+        worker = Worker(engine, max_pending_audio_s=3.0)  # room for about one sentence
+        futures = [worker.submit(Job("s", i, clips[i], "final")) for i in range(3)]
+        worker.start()
+        out = await asyncio.gather(*futures, return_exceptions=True)
+        await worker.stop()
+        return out
+
+    out = asyncio.run(scenario())
+    assert not isinstance(out[0], BaseException)
+    assert any(isinstance(r, Overloaded) for r in out[1:])
+    assert all(isinstance(r, (Overloaded, type(out[0]))) for r in out)
+
+
+def test_disconnect_cancels_and_frees_session_jobs(engine, clips):
+    async def scenario():
+        worker = Worker(engine)
+        keep = worker.submit(Job("stay", 0, clips[0], "final"))
+        gone = [worker.submit(Job("gone", i, clips[i], "final")) for i in range(3)]
+        gone.append(worker.submit(Job("gone", 3, clips[3], "partial", TranscribeOptions(partial=True))))
+        worker.cancel_session("gone")
+        pending_after_cancel = (worker.pending_finals, worker._pending_samples, worker.has_partial("gone"))
+        worker.start()
+        result = await keep
+        await worker.stop()
+        return gone, result, pending_after_cancel
+
+    gone, result, pending = asyncio.run(scenario())
+    assert all(f.cancelled() for f in gone)
+    assert pending == (1, clips[0].size, False)
+    assert wer(SENTENCES[0], result.text) <= 0.3
+
+
+def test_engine_error_reaches_the_job_and_the_worker_goes_on(engine, clips):
+    async def scenario():
+        worker = Worker(engine)
+        worker.start()
+        bad = worker.submit(Job("s", 0, np.ones((2, 2, 2), dtype=np.float32), "final"))
+        good = worker.submit(Job("s", 1, clips[1], "final"))
+        out = await asyncio.gather(bad, good, return_exceptions=True)
+        await worker.stop()
+        return out
+
+    bad, good = asyncio.run(scenario())
+    assert isinstance(bad, EngineError)
+    assert wer(SENTENCES[1], good.text) <= 0.3
