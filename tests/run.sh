@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: system packages, a virtual environment, lint, then pytest.
+# Usage: bash tests/run.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(chromium espeak-ng sox iproute2 util-linux)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing system packages: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
+
+export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"
