@@ -9,10 +9,11 @@ import sys
 
 import httpx
 import pytest
-from conftest import ROOT, launch, stop
-from speech import SENTENCES, compose, wer
 
 from realtime.client import StreamError, stream_file
+
+from conftest import ROOT, launch, stop
+from speech import SENTENCES, compose, wer
 
 
 def check_events(events: list[dict]) -> list[dict]:
@@ -35,10 +36,10 @@ def test_live_transcription_over_webrtc(app, speech_dir):
     partial_segments = {e["segment"] for e in result.events if e["type"] == "partial"}
     assert len(partial_segments) >= 2, "partials must arrive while people speak"
     for f in finals:
-        first = [e for e in result.events if e["segment"] == f["segment"]][0]
+        first = next(e for e in result.events if e["segment"] == f["segment"])
         assert first["t"] <= f["t"]
     assert wer(speech.text, " ".join(f["text"] for f in finals)) <= 0.15
-    for f, (t0, t1) in zip(finals, speech.spans, strict=True):
+    for f, (_, t1) in zip(finals, speech.spans, strict=True):
         assert abs(f["audio_end"] - t1) < 0.6  # server's clock follows the file's within WebRTC start-up slack
     s = result.summary
     assert s["finals"] == 3 and s["final_latency_p50"] is not None and s["final_latency_p50"] > 0
