@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--ice-loopback", action="store_true", help="offer only 127.0.0.1 as ICE candidate")
     st.add_argument("--tail", type=float, default=2.0, help="seconds of silence sent after the file")
 
+    bench = sub.add_parser("bench", help="benchmarks: file, stream, quant (python -m realtime bench -h)",
+                           add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
@@ -86,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
 
         serve_main(list(args.rest) + extra)
         return 0
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(list(args.rest) + extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "transcribe":

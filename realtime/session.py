@@ -17,7 +17,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE
 from .engines import TranscribeOptions, Transcription
-from .stabilize import LocalAgreement
+from .stabilize import LocalAgreement, trim_repetition
 from .transcript import Entry, Partial, Transcript
 from .vad import SegmentEnd, Segmenter, SegmentStart, SileroVAD, VADConfig
 from .worker import Job, Worker
@@ -120,7 +120,7 @@ class TranscriptionSession:
             return
         if not self.segmenter.announced or self.segmenter.segment != segment:
             return  # the segment closed meanwhile: its final is on the way
-        hyp = self._agreement.update(future.result().text)
+        hyp = self._agreement.update(trim_repetition(future.result().text))
         if not hyp.text:
             return
         self.transcript.partial = Partial(segment, start, end, hyp.committed, hyp.tentative)

@@ -24,6 +24,33 @@ SENTENCES = [
     "Could you send me the report by the end of the day?",
     "Please call Stella and ask her to bring these things with her from the store.",
 ]
+# more everyday sentences for long benchmark recordings (SENTENCES first)
+MORE_SENTENCES = [
+    "I usually take the bus to work when it rains in the morning.",
+    "The restaurant on the corner serves the best soup in town.",
+    "Remember to water the plants before you leave for the weekend.",
+    "The meeting has been moved to Thursday afternoon at three.",
+    "My grandmother grew up in a small village near the mountains.",
+    "We need to buy milk, bread and eggs on the way home.",
+    "The museum is closed on Mondays but open late on Fridays.",
+    "He spent the whole summer learning how to play the guitar.",
+    "The new phone has a better camera and a longer battery life.",
+    "Please turn off the lights when you leave the office tonight.",
+    "They walked along the beach and watched the boats come in.",
+    "The doctor said I should drink more water and sleep longer.",
+    "Our neighbours are planning a big party for the holidays.",
+    "The price of the tickets went up again this year.",
+    "She writes a short story every evening before going to bed.",
+    "The bridge was closed for repairs for most of the winter.",
+    "I forgot my umbrella at the office yesterday afternoon.",
+    "The students asked the teacher to explain the problem again.",
+    "We watched an old movie and ate popcorn on the sofa.",
+    "The farmer sells fresh vegetables at the market every Saturday.",
+    "It took us two hours to find a parking space downtown.",
+    "The company hired three new engineers this month.",
+    "Let me know if you need any help with the move next week.",
+    "The library has a quiet room where you can study all day.",
+]
 RATE = 16000
 
 
@@ -95,6 +122,34 @@ def compose(
         audio = audio + np.random.default_rng(0).normal(0, noise, audio.size).astype(np.float32)
     sf.write(str(path), audio, RATE, subtype="PCM_16")
     return Speech(path, list(texts), spans)
+
+
+def long_recording(path: Path, minutes: float = 10.0, voices: tuple[str, ...] = ("en-us", "en-gb", "en-us+m3"),
+                   seed: int = 0) -> Speech:
+    """A multi-voice recording of at least `minutes` with random pauses and known text."""
+    rng = np.random.default_rng(seed)
+    pool = SENTENCES + MORE_SENTENCES
+    texts, per_voice, gaps = [], [], []
+    total, i = 0.0, 0
+    cache = path.parent / ".speech-cache"
+    cache.mkdir(exist_ok=True)
+    while total < minutes * 60:
+        text, voice = pool[i % len(pool)], voices[(i // len(pool) + i) % len(voices)]
+        texts.append(text)
+        per_voice.append(voice)
+        gap = float(rng.uniform(0.4, 1.6))
+        gaps.append(gap)
+        total += sentence_audio(text, cache, voice=voice).size / RATE + gap
+        i += 1
+    return compose(path, texts, gaps=gaps[:-1], voices=per_voice)
+
+
+def cer(reference: str, hypothesis: str) -> float:
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    return float(jiwer.cer(norm(reference), norm(hypothesis)))
 
 
 def wer(reference: str, hypothesis: str) -> float:

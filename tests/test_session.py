@@ -10,7 +10,7 @@ import pytest
 from realtime.audio import decode_file
 from realtime.config import Settings
 from realtime.service import TranscriptionService
-from realtime.stabilize import LocalAgreement
+from realtime.stabilize import LocalAgreement, trim_repetition
 
 from speech import SENTENCES, compose, wer
 
@@ -129,3 +129,11 @@ def test_local_agreement_commits_what_two_hypotheses_share():
     h4 = la.update("the quick crown fox jumps over the")
     assert h4.committed.lower() == "the quick brown fox jumps over"
     assert h4.text.endswith("over the")
+
+
+def test_partials_are_cut_where_whisper_starts_over():
+    assert trim_repetition("We will meet at the library. We will meet at the library") == (
+        "We will meet at the library.")
+    assert trim_repetition("The quick drought... The quick drought... The quick") == "The quick drought..."
+    assert trim_repetition("one two three four five six") == "one two three four five six"
+    assert trim_repetition("it is what it is") == "it is what it is"

