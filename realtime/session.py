@@ -3,6 +3,11 @@
 A session owns its VAD state, the open segment's LocalAgreement, its transcript and its partial
 schedule. It hands segments to the shared `Worker` and reports `partial`, `final` and `error`
 events through a callback, in segment order.
+
+Finals are speculative: as soon as a pause has lasted the VAD's after-padding, the segment's final
+audio is known, so it is queued then; if the pause reaches the minimum silence the segment closes
+with that job's result (final latency is about the minimum silence, not silence plus inference), and
+if speech resumes first the job is withdrawn.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class TranscriptionSession:
         self._samples_last = 0
         self._finals_pending: dict[int, asyncio.Future[Transcription]] = {}
         self._ends: dict[int, SegmentEnd] = {}
+        self._speculative: tuple[int, float, Job] | None = None
         self.last_latency: float | None = None
 
     # -- time
@@ -76,6 +82,7 @@ class TranscriptionSession:
         self._wall_last = self.clock()
         for event in self.segmenter.feed(audio):
             self._handle(event)
+        self._speculate()
         self._maybe_partial()
 
     def flush(self) -> None:
@@ -92,14 +99,36 @@ class TranscriptionSession:
         if self.transcript.partial is not None and self.transcript.partial.segment == event.segment:
             self.transcript.partial = None
         self._ends[event.segment] = event
-        job = Job(self.id, event.segment, event.audio, "final", self.options)
-        future = self.worker.submit(job)
+        spec, self._speculative = self._speculative, None
+        if spec is not None and spec[:2] == (event.segment, event.end) and not spec[2].future.cancelled():
+            future = spec[2].future
+        else:
+            if spec is not None:
+                self.worker.cancel(spec[2])
+            future = self.worker.submit(Job(self.id, event.segment, event.audio, "final", self.options))
         self._finals_pending[event.segment] = future
         future.add_done_callback(lambda f, seg=event.segment: self._on_final(seg, f))
 
+    def _speculate(self) -> None:
+        pending = self.segmenter.pending_end()
+        spec = self._speculative
+        if pending is None:
+            if spec is not None:  # speech resumed: that pause was not the end
+                self.worker.cancel(spec[2])
+                self._speculative = None
+            return
+        segment, end, audio = pending
+        if spec is not None and spec[:2] == (segment, end):
+            return
+        if spec is not None:
+            self.worker.cancel(spec[2])
+        job = Job(self.id, segment, audio, "final", self.options)
+        self.worker.submit(job)
+        self._speculative = (segment, end, job)
+
     def _maybe_partial(self) -> None:
         seg = self.segmenter
-        if not seg.announced or self.worker.has_partial(self.id):
+        if not seg.announced or self._speculative is not None or self.worker.has_partial(self.id):
             return
         now = self.clock()
         interval = min(self.partial_interval_max, max(self.partial_interval, 1.5 * self.worker.stats.engine_latency))
@@ -165,4 +194,5 @@ class TranscriptionSession:
             future.cancel()
         self._finals_pending.clear()
         self._ends.clear()
+        self._speculative = None
         self.segmenter = Segmenter(self.segmenter.config, self.segmenter.model)

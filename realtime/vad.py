@@ -188,6 +188,16 @@ class Segmenter:
         """The open segment's audio (with leading padding); an unchanging view, no copy."""
         return self._buf.view() if self._buf is not None else np.zeros(0, dtype=np.float32)
 
+    def pending_end(self) -> tuple[int, float, np.ndarray] | None:
+        """While speech has paused for at least the after-padding: (segment, end, audio) as the segment would
+        close now. If the pause lasts `min_silence_ms`, the `SegmentEnd` carries exactly this end and audio."""
+        if not self.announced or self._silence_from is None or self._buf is None:
+            return None
+        if self.samples - self._silence_from < self._pad_after:
+            return None
+        cut = self._silence_from + self._pad_after
+        return self._index, self._silence_from / SAMPLE_RATE, self._buf.view(0, cut - self._buf_origin)
+
     def feed(self, audio: np.ndarray) -> list[VADEvent]:
         events: list[VADEvent] = []
         data = np.concatenate([self._pending, audio]) if self._pending.size else audio

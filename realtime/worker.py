@@ -102,6 +102,15 @@ class Worker:
         self._wake.set()
         return job.future
 
+    def cancel(self, job: Job) -> None:
+        """Withdraw one queued job (a speculative final whose pause turned out to be mid-sentence)."""
+        if job in self._finals:
+            self._finals.remove(job)
+            self._pending_samples -= job.audio.size
+        elif self._partials.get(job.session) is job:
+            del self._partials[job.session]
+        job.future.cancel()
+
     def has_partial(self, session: str) -> bool:
         return session in self._partials or any(j.session == session and j.kind == "partial" for j in self._running)
 
