@@ -25,7 +25,7 @@ def _silero_model_path() -> Path:
     spec = importlib.util.find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the silero-vad package is not installed (pip install silero-vad)")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad_16k_op15.onnx"
 
 
 class SileroVAD:
