@@ -45,6 +45,8 @@ class WorkerStats:
     finals: int = 0
     partials: int = 0
     partials_shed: int = 0
+    withdrawn: int = 0
+    """Queued or running jobs cancelled by their session (speculative finals whose pause went on)."""
     errors: int = 0
     busy_seconds: float = 0.0
     engine_latency: float = 0.0
@@ -109,6 +111,8 @@ class Worker:
             self._pending_samples -= job.audio.size
         elif self._partials.get(job.session) is job:
             del self._partials[job.session]
+        if not job.future.done():
+            self.stats.withdrawn += 1
         job.future.cancel()
 
     def has_partial(self, session: str) -> bool:

@@ -137,3 +137,24 @@ def test_partials_are_cut_where_whisper_starts_over():
     assert trim_repetition("The quick drought... The quick drought... The quick") == "The quick drought..."
     assert trim_repetition("one two three four five six") == "one two three four five six"
     assert trim_repetition("it is what it is") == "it is what it is"
+
+
+def test_a_pause_shorter_than_min_silence_keeps_one_segment(service, speech_dir):
+    # 0.3 s is longer than the after-padding (a speculative final is queued) but shorter than the
+    # minimum silence: the speculative final must be withdrawn and the segment must go on.
+    speech = compose(speech_dir / "short-pause.wav", SENTENCES[1:3], gaps=[0.3], tail=1.5)
+    withdrawn = []
+    real_cancel = __import__("realtime.worker").worker.Worker.cancel
+
+    def spy(worker, job):
+        withdrawn.append(job.segment)
+        real_cancel(worker, job)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("realtime.worker.Worker.cancel", spy)
+        events, snapshot = play(service, decode_file(speech.path))
+    assert withdrawn, "the pause should have queued a speculative final"
+    finals = [e for e in events if e["type"] == "final"]
+    assert len(finals) == 1, finals
+    assert wer(speech.text, finals[0]["text"]) <= 0.2
+    assert len(snapshot.entries) == 1
