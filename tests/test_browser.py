@@ -7,6 +7,7 @@ browser nor the server can reach another address); these tests compose the speec
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Speech, dict[str, Any
     check = [sys.executable, str(ROOT / "tests" / "browser_check.py"), "--wav", str(speech.path),
              "--out", str(out), "--shot", str(SHOT), "--expect", str(len(speech.texts))]
     proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
-                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+                          cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and out.exists(), f"browser check failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())
     print(f"\npage load {r['page_load_s']:.1f} s, mic access -> start {r['access_to_start_s']:.2f} s; start click -> "
