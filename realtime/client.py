@@ -121,9 +121,16 @@ async def stream_file(
     tail_seconds: float = 2.0,
     settle_timeout: float = 30.0,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    ice_servers: list[dict[str, Any]] | None = None,
+    relay_only: bool = False,
 ) -> StreamResult:
-    """Play a file (or 16 kHz float32 `audio`) to the app at `url`; return every event and a summary."""
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    """Play a file (or 16 kHz float32 `audio`) to the app at `url`; return every event and a summary.
+
+    `ice_servers` (browser-style dicts, e.g. from `fetch_rtc_configuration`) and `relay_only` (ICE transport
+    policy "relay": only TURN candidates) configure the client's peer; by default it uses no ICE servers.
+    """
+    from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+    from aiortc.rtcconfiguration import RTCIceTransportPolicy
 
     if ice_loopback:
         use_loopback_only()
@@ -133,7 +140,10 @@ async def stream_file(
         audio = decode_file(path)
     url = url.rstrip("/")
     result = StreamResult(webrtc_id=uuid.uuid4().hex[:12])
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    servers = [RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
+               for s in ice_servers or []]
+    policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=servers, iceTransportPolicy=policy))
     pc.createDataChannel("text")
     track = _make_track(audio, tail_seconds)
     pc.addTrack(track)
@@ -145,7 +155,9 @@ async def stream_file(
                 "sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "webrtc_id": result.webrtc_id})
             answer = r.json()
             if r.status_code != 200 or answer.get("status") == "failed" or "sdp" not in answer:
-                reason = (answer.get("meta") or {}).get("error") or answer.get("error") or r.text
+                meta = answer.get("meta") or {}
+                reason = ": ".join(str(m) for m in (meta.get("error"), meta.get("message")) if m)
+                reason = reason or answer.get("error") or r.text
                 raise StreamError(f"server refused the stream: {reason}")
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
 
@@ -197,6 +209,16 @@ async def stream_file(
     return result
 
 
+async def fetch_rtc_configuration(url: str) -> dict[str, Any]:
+    """The ICE servers (with fresh TURN credentials) the app at `url` hands its clients."""
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        r = await http.get(f"{url.rstrip('/')}/webrtc/rtc-configuration")
+    body = r.json()
+    if r.status_code != 200:
+        raise StreamError(f"no ICE servers from the app: {(body.get('error') or {}).get('message', r.text)}")
+    return body
+
+
 def run_stream(url: str, path: str, ice_loopback: bool, tail: float) -> int:
     def show(event: dict[str, Any]) -> None:
         print(json.dumps({k: event[k] for k in ("type", "text", "segment", "t", "audio_end") if k in event}
@@ -213,4 +235,4 @@ def run_stream(url: str, path: str, ice_loopback: bool, tail: float) -> int:
     return 0 if not res.summary["unfinished_segments"] else 1
 
 
-__all__ = ["StreamError", "StreamResult", "stream_file", "summarize"]
+__all__ = ["StreamError", "StreamResult", "fetch_rtc_configuration", "stream_file", "summarize"]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .space import space_environ
 from .vad import VADConfig
 
 
@@ -55,7 +56,74 @@ class Settings:
     turn_username: str = _opt("TURN user name", default="")
     turn_credential: str = _opt("TURN password", default="")
     ice_loopback: bool = _opt("offer only 127.0.0.1 as ICE candidate (tests, single machine)", default=False)
+    # -- Hugging Face Space, TURN relay and public-demo limits (realtime/space.py, turn.py, limits.py). Space
+    #    variables (SPACE_ID, HF_TOKEN, CLOUDFLARE_*, TWILIO_*, ENDPOINT_*, GRADIO_SERVER_*) map onto these there.
+    space_id: str = _opt("Hugging Face Space id (Spaces set SPACE_ID): TURN required and demo limits by default",
+                         default="")
+    turn_provider: str = _opt("TURN credentials: auto (the first configured of --turn-url, Cloudflare keys, Twilio, "
+                              "HF_TOKEN on a Space), static, secret, cloudflare, twilio, hf or none", default="auto")
+    turn_shared_secret: str = _opt("coturn static-auth-secret: make per-connection credentials for --turn-url "
+                                   "(TURN REST API)", default="")
+    turn_ttl: int = _opt("lifetime asked for generated TURN credentials (s); renewed per connection before expiry",
+                         default=3600)
+    turn_required: bool = _opt("refuse WebRTC sessions without a working TURN relay (default on Spaces)", default=False)
+    turn_check: bool = _opt("check TURN credentials by allocating a relay before handing them out", default=True)
+    ice_transport_policy: str = _opt("candidates both peers use: all, or relay (only through TURN)", default="all")
+    hf_token: str = _opt("Hugging Face token for free Cloudflare TURN credentials [also env HF_TOKEN]", default="")
+    cloudflare_turn_key_id: str = _opt("Cloudflare TURN key id [also env CLOUDFLARE_TURN_KEY_ID]", default="")
+    cloudflare_turn_key_api_token: str = _opt("Cloudflare TURN key API token [also env CLOUDFLARE_TURN_KEY_API_TOKEN]",
+                                              default="")
+    twilio_account_sid: str = _opt("Twilio account SID for TURN [also env TWILIO_ACCOUNT_SID]", default="")
+    twilio_auth_token: str = _opt("Twilio auth token for TURN [also env TWILIO_AUTH_TOKEN]", default="")
+    idle_timeout: float = _opt("close a session after this many seconds without speech (0: never)", default=0.0)
     log_level: str = _opt("logging level", default="INFO")
+    # -- vLLM engine (--engine vllm): a supervised process in its own virtual environment. --model there is a
+    # Hugging Face id or checkpoint directory, or CTranslate2 weights (directory or package) converted once.
+    vllm_python: str = _opt("interpreter of the vLLM virtual environment (relative: to the working or the app's "
+                            "directory)", default=".venv-vllm/bin/python")
+    vllm_dtype: str = _opt("vLLM dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32",
+                           default="auto")
+    vllm_kv_cache_dtype: str = _opt("vLLM KV cache dtype: auto (fp8 on GPUs of compute capability 8.9 and up, "
+                                    "else the model's), fp8, fp8_e5m2, or bfloat16 / float16 for no fp8",
+                                    default="auto")
+    vllm_enforce_eager: str = _opt("auto (CUDA graphs on GPU, eager on CPU), true (no CUDA graphs) or false",
+                                   default="auto")
+    vllm_max_num_seqs: int = _opt("most segments vLLM decodes together (also the app's batch size)", default=16)
+    vllm_max_num_batched_tokens: int = _opt("vLLM token budget per step (0: 1500 per sequence, so every new "
+                                            "segment's 30 s window is encoded in the same step; at most 4 on CPU)",
+                                            default=0)
+    vllm_gpu_memory_utilization: float = _opt("share of GPU memory vLLM may take (weights, activations, KV cache)",
+                                              default=0.85)
+    vllm_cpu_kv_cache_mb: int = _opt("vLLM KV cache size when it runs on CPU (MiB)", default=1024)
+    vllm_attention_backend: str = _opt("vLLM attention backend: auto (FLASH_ATTN on Hopper, TRITON_ATTN on other "
+                                       "GPUs when the KV cache is fp8), or a vLLM backend name", default="auto")
+    vllm_engine_args: str = _opt("more vLLM engine arguments as a JSON object; they win over the above",
+                                 default="")
+    vllm_start_timeout: float = _opt("seconds the vLLM engine may take to start before the app gives up",
+                                     default=900.0)
+    vllm_max_restarts: int = _opt("failed restarts in a row before the vLLM engine is given up", default=3)
+    vllm_cache_dir: str = _opt("where converted CTranslate2 weights are kept (empty: "
+                               "~/.cache/realtime-transcription/hf-whisper)", default="")
+    # -- HTTP transcription API (realtime/api.py)
+    api_key: str = _opt("bearer token that the HTTP API (/v1/audio/*, /api/v1/audio/*, /v1/models) requires; "
+                        "empty: no key", default="")
+    max_upload_mb: float = _opt("largest upload the HTTP API accepts (MB); bigger ones get 413", default=100.0)
+    api_max_requests: int = _opt("API transcriptions running at once; more get 503 with Retry-After (0: no limit)",
+                                 default=8)
+    # -- remote engine (realtime/engines/remote.py)
+    remote_url: str = _opt("remote engine: endpoint URL(s), comma-separated: OpenAI-style "
+                           "(.../v1/audio/transcriptions or a server's base URL) or Hugging Face "
+                           "(.../api/v1/audio/transcriptions)", default="")
+    remote_token: str = _opt("remote engine: bearer token (empty: HF_TOKEN, else OPENAI_API_KEY)", default="")
+    remote_model: str = _opt("remote engine: model field for OpenAI-style endpoints (empty: the server's "
+                             "first /v1/models entry)", default="")
+    remote_timeout: float = _opt("remote engine: read timeout per request (s)", default=30.0)
+    remote_connect_timeout: float = _opt("remote engine: connect timeout (s)", default=5.0)
+    remote_retries: int = _opt("remote engine: retries of a final segment (backoff with jitter)", default=3)
+    remote_max_in_flight: int = _opt("remote engine: most requests in flight per endpoint URL", default=8)
+    remote_fallback: bool = _opt("remote engine: use the embedded engine while no endpoint is reachable",
+                                 default=False)
+    remote_stream: bool = _opt("remote engine: ask OpenAI-style endpoints for streamed text (SSE)", default=False)
 
     def vad_config(self) -> VADConfig:
         return VADConfig(
@@ -108,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = 
 
 
 def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
-    environ = dict(os.environ) if environ is None else environ
+    environ = space_environ(dict(os.environ) if environ is None else environ)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(Settings):
         given = getattr(ns, f.name, None)

@@ -2,6 +2,7 @@
 
 Routes besides the page:
 - `POST /webrtc/offer`: SDP offer for non-browser WebRTC clients (same connection table as the page).
+- `GET /webrtc/rtc-configuration`: the ICE servers (fresh TURN credentials) a client should use, as the page gets them.
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
 - `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far.
 - `GET /health`: engine, model, readiness and queue figures.
@@ -24,9 +25,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from . import transcript as fmt
+from .api import create_router
 from .config import Settings, parse_settings
 from .ice import use_loopback_only
+from .limits import SessionLimits
 from .service import TranscriptionService
+from .turn import Turn, TurnError
 from .ui import build_page
 
 log = logging.getLogger("realtime")
@@ -54,13 +58,19 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     if settings.ice_loopback:
         use_loopback_only()
     service = service or TranscriptionService(settings)
-    page, webrtc = build_page(service)
+    turn = Turn(settings)
+    page, webrtc = build_page(service, turn)
+    limits = SessionLimits(settings, service, webrtc)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await service.start()
         log.info("engine ready: %s", json.dumps(service.engine.describe()))
+        log.info("limits: %s", json.dumps(limits.describe()))
+        await turn.start()
+        limits.start()
         yield
+        await limits.stop()
         await service.stop()
 
     app = FastAPI(title="realtime transcription", lifespan=lifespan)
@@ -76,6 +86,13 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         if body.get("type") != "ice-candidate" and not isinstance(body.get("sdp"), str):
             return _error(422, "sdp and type are required", "missing_field")
         return await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
+
+    @app.get("/webrtc/rtc-configuration")
+    async def rtc_configuration() -> Any:
+        try:
+            return await turn.browser_configuration()
+        except TurnError as exc:
+            return _error(503, str(exc), "turn_unavailable")
 
     @app.get("/transcript/{webrtc_id}/events")
     async def events(webrtc_id: str) -> Any:
@@ -102,7 +119,9 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
 
     @app.get("/health")
     async def health() -> Any:
-        return JSONResponse(service.health(), status_code=200 if service.ready else 503)
+        body = {**service.health(), "space": settings.space_id or None, "limits": limits.describe(),
+                "turn": turn.describe()}
+        return JSONResponse(body, status_code=200 if service.ready else 503)
 
     @app.middleware("http")
     async def no_external_assets(request: Request, call_next: Any) -> Any:
@@ -113,6 +132,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
         return Response(body, status_code=response.status_code, headers=headers)
 
+    app.include_router(create_router(service))
     app = gr.mount_gradio_app(app, page, path="", show_api=False)
     return app, service
 

@@ -138,8 +138,9 @@ class TranscriptionSession:
             return
         self._last_partial_at = now
         segment, start, end = seg.segment, seg.speech_start, self.stream_time
-        job = Job(self.id, segment, seg.audio_so_far(), "partial", TranscribeOptions(language=self.options.language,
-                                                                                      partial=True))
+        job = Job(self.id, segment, seg.audio_so_far(), "partial",
+                  TranscribeOptions(language=self.options.language, partial=True),
+                  on_text=lambda text: self._on_partial_text(segment, start, end, text))
         future = self.worker.submit(job)
         future.add_done_callback(lambda f: self._on_partial(segment, start, end, f))
 
@@ -157,6 +158,20 @@ class TranscriptionSession:
             "type": "partial", "segment": segment, "text": hyp.text, "committed": hyp.committed,
             "tentative": hyp.tentative, "start": round(start, 3), "audio_end": round(end, 3),
         })
+
+    def _on_partial_text(self, segment: int, start: float, end: float, text: str) -> None:
+        """A streaming engine's hypothesis so far: shown as tentative words after the committed ones."""
+        if self.closed or not self.segmenter.announced or self.segmenter.segment != segment:
+            return
+        committed = self._agreement.committed
+        words = trim_repetition(text).split()
+        tentative = " ".join(words[len(committed.split()):])
+        if not tentative:
+            return
+        self.transcript.partial = Partial(segment, start, end, committed, tentative)
+        self._emit({"type": "partial", "segment": segment, "text": f"{committed} {tentative}".strip(),
+                    "committed": committed, "tentative": tentative, "start": round(start, 3),
+                    "audio_end": round(end, 3), "streaming": True})
 
     def _on_final(self, segment: int, future: asyncio.Future[Transcription]) -> None:
         self._finals_pending.pop(segment, None)

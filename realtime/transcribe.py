@@ -1,54 +1,173 @@
-"""File transcription: decode as a stream, cut with the same VAD as live audio, transcribe segments in batches."""
+"""File transcription: decode as a stream, cut with the same VAD as live audio, transcribe the segments in batches.
+
+Decoding and VAD run in a thread of their own and hand speech segments to the event loop through a bounded
+queue, so a long file never sits in memory whole (at most `max_queued` segments wait) and the event loop stays
+free for live sessions. Segments go through `engine.transcribe_batch` in batches of up to `batch_size` (the
+engine's `max_batch_size` by default) while the thread keeps cutting the next ones; results come out in order.
+Used by `python -m realtime transcribe` and by the HTTP API (realtime/api.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from .audio import iter_file
-from .engines import Engine, TranscribeOptions
+from .audio import SAMPLE_RATE, iter_file
+from .engines import Engine, TranscribeOptions, Transcription
 from .transcript import Entry
 from .vad import SegmentEnd, Segmenter, VADConfig
 
+_DONE = object()
 
-async def transcribe_segments(
-    path: str | Path, engine: Engine, vad: VADConfig | None = None, options: TranscribeOptions | None = None
-) -> AsyncIterator[Entry]:
-    """Yield one `Entry` per speech segment of the file, in order. Raises AudioDecodeError on bad input.
 
-    Memory stays bounded: audio is decoded in chunks and at most one batch of segments is held.
+class SegmentStream:
+    """Speech segments of a file, cut by a decode + VAD thread and handed over through a bounded queue.
+
+    Iterate it on the event loop; `duration` is the file's length in seconds once iteration has ended.
+    A decode error is raised by the iteration at the point where it happened. `close()` stops the thread.
+    """
+
+    def __init__(self, path: str | Path, vad: VADConfig | None = None, max_queued: int = 8) -> None:
+        self.path = Path(path)
+        self.vad = vad
+        self.duration = 0.0
+        self._slots = threading.Semaphore(max(1, max_queued))
+        self._stop = threading.Event()
+        self._items: deque[object] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def _push(self, item: object) -> None:  # on the event loop
+        self._items.append(item)
+        assert self._arrived is not None
+        self._arrived.set()
+
+    def _put(self, loop: asyncio.AbstractEventLoop, item: object) -> bool:
+        while not self._slots.acquire(timeout=0.2):
+            if self._stop.is_set():
+                return False
+        if self._stop.is_set():
+            return False
+        try:
+            loop.call_soon_threadsafe(self._push, item)
+        except RuntimeError:  # the loop has closed
+            return False
+        return True
+
+    def _produce(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            segmenter = Segmenter(self.vad)
+            for chunk in iter_file(self.path):
+                for event in segmenter.feed(chunk):
+                    if isinstance(event, SegmentEnd) and not self._put(loop, event):
+                        return
+                if self._stop.is_set():
+                    return
+            self.duration = segmenter.samples / SAMPLE_RATE
+            for event in segmenter.flush():
+                if isinstance(event, SegmentEnd) and not self._put(loop, event):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(loop, exc)
+            return
+        self._put(loop, _DONE)
+
+    def _take(self) -> object:
+        item = self._items.popleft()
+        self._slots.release()
+        return item
+
+    async def __aiter__(self) -> AsyncIterator[SegmentEnd]:
+        if self._thread is not None:
+            raise RuntimeError("a SegmentStream is iterated once")
+        self._arrived = asyncio.Event()
+        self._thread = threading.Thread(target=self._produce, args=(asyncio.get_running_loop(),),
+                                        name="decode-vad", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                while not self._items:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                item = self._take()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, SegmentEnd)
+                yield item
+        finally:
+            self.close()
+
+    def ready(self, limit: int) -> list[SegmentEnd]:
+        """Up to `limit` segments already cut (no waiting); an error or the end stays for the iterator."""
+        out: list[SegmentEnd] = []
+        while self._items and len(out) < limit and isinstance(self._items[0], SegmentEnd):
+            out.append(self._take())  # type: ignore[arg-type]
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+async def transcribe_results(
+    path: str | Path,
+    engine: Engine,
+    vad: VADConfig | None = None,
+    options: TranscribeOptions | None = None,
+    *,
+    batch_size: int | None = None,
+    before_batch: Callable[[], Awaitable[None]] | None = None,
+    stream: SegmentStream | None = None,
+) -> AsyncIterator[tuple[SegmentEnd, Transcription | BaseException]]:
+    """(segment, result or the engine's error) per speech segment of the file, in order.
+
+    Raises AudioDecodeError on input that does not decode. `before_batch` is awaited before each batch
+    (the API uses it to let live sessions' finals go first). Pass `stream` to read its `duration` afterwards.
     """
     options = options or TranscribeOptions()
-    batch_size = max(1, getattr(engine, "max_batch_size", 1))
-    segmenter = Segmenter(vad)
-    pending: list[SegmentEnd] = []
-    for chunk in iter_file(path):
-        pending.extend(e for e in segmenter.feed(chunk) if isinstance(e, SegmentEnd))
-        while len(pending) >= batch_size:
-            for entry in await _run(engine, pending[:batch_size], options):
-                yield entry
-            del pending[:batch_size]
-    pending.extend(e for e in segmenter.flush() if isinstance(e, SegmentEnd))
-    for i in range(0, len(pending), batch_size):
-        for entry in await _run(engine, pending[i : i + batch_size], options):
-            yield entry
-
-
-async def _run(engine: Engine, ends: list[SegmentEnd], options: TranscribeOptions) -> list[Entry]:
+    size = max(1, batch_size or getattr(engine, "max_batch_size", 1))
+    segments = stream or SegmentStream(path, vad)
+    iterator = segments.__aiter__()
     try:
-        results = await engine.transcribe_batch([e.audio for e in ends], [options] * len(ends))
-    except Exception as exc:
-        results = [exc] * len(ends)
-    entries = []
-    for end, result in zip(ends, results, strict=True):
+        async for first in iterator:
+            batch = [first, *segments.ready(size - 1)]
+            if before_batch is not None:
+                await before_batch()
+            try:
+                results = await engine.transcribe_batch([e.audio for e in batch], [options] * len(batch))
+            except Exception as exc:  # an engine that fails a whole batch
+                results = [exc] * len(batch)
+            for end, result in zip(batch, results, strict=True):
+                yield end, result
+    finally:
+        segments.close()
+        await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def transcribe_segments(
+    path: str | Path,
+    engine: Engine,
+    vad: VADConfig | None = None,
+    options: TranscribeOptions | None = None,
+    batch_size: int | None = None,
+) -> AsyncIterator[Entry]:
+    """Yield one `Entry` per speech segment of the file, in order. Raises AudioDecodeError on bad input."""
+    async for end, result in transcribe_results(path, engine, vad, options, batch_size=batch_size):
         if isinstance(result, BaseException):
-            entries.append(Entry(end.segment, end.start, end.end, f"transcription failed: {result}", kind="error"))
+            yield Entry(end.segment, end.start, end.end, f"transcription failed: {result}", kind="error")
         else:
-            entries.append(Entry(end.segment, end.start, end.end, result.text))
-    return entries
+            yield Entry(end.segment, end.start, end.end, result.text)
 
 
 async def transcribe_file(
-    path: str | Path, engine: Engine, vad: VADConfig | None = None, options: TranscribeOptions | None = None
+    path: str | Path,
+    engine: Engine,
+    vad: VADConfig | None = None,
+    options: TranscribeOptions | None = None,
+    batch_size: int | None = None,
 ) -> list[Entry]:
-    return [e async for e in transcribe_segments(path, engine, vad, options)]
+    return [e async for e in transcribe_segments(path, engine, vad, options, batch_size)]

@@ -12,6 +12,7 @@ from fastrtc import WebRTC
 from .handler import TranscriptionHandler
 from .service import TranscriptionService
 from .transcript import TranscriptSnapshot
+from .turn import Turn, TurnError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 TRACK_CONSTRAINTS = {
@@ -22,6 +23,7 @@ TRACK_CONSTRAINTS = {
     "sampleSize": {"ideal": 16},
     "channelCount": {"exact": 1},
 }
+TIME_LIMIT_BACKSTOP_S = 15.0  # fastrtc's own hang-up, after SessionLimits has ended the session with a message
 
 
 def _clock(seconds: float) -> str:
@@ -62,6 +64,8 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
         parts.append(f'<span class="rt-badge">last final latency: {session.last_latency:.2f} s</span>')
     if event and event.get("type") == "error":
         parts.append(f'<span class="rt-badge rt-error">engine error: {html.escape(str(event.get("message")))}</span>')
+    if event and event.get("type") == "closed":
+        parts.append(f'<span class="rt-badge rt-closed">{html.escape(str(event.get("message")))}</span>')
     if session_id:
         sid = html.escape(session_id)
         parts.append(f'<a href="transcript/{sid}.txt" download="transcript.txt">download .txt</a>')
@@ -69,9 +73,15 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
     return " ".join(parts)
 
 
-def build_page(service: TranscriptionService) -> tuple[gr.Blocks, WebRTC]:
+def render_notice(text: str | None) -> str:
+    """Why a browser here may not connect (no TURN relay, relay broken, demo full), or nothing."""
+    return f'<div class="rt-notice" role="alert">{html.escape(text)}</div>' if text else ""
+
+
+def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple[gr.Blocks, WebRTC]:
     settings = service.settings
-    rtc = {"iceServers": settings.ice_servers()}
+    turn = turn or Turn(settings)
+    rtc = {"iceServers": turn.stun}  # per connection, turn.attach() hands out fresh TURN credentials
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
     head = f"<script>{(ASSETS / 'app.js').read_text()}</script>"
     with gr.Blocks(title="Real-time transcription", theme=theme, css=(ASSETS / "style.css").read_text(),
@@ -93,6 +103,7 @@ def build_page(service: TranscriptionService) -> tuple[gr.Blocks, WebRTC]:
                 )
                 clear = gr.Button("Clear", elem_id="rt-clear", size="sm")
             with gr.Column(scale=3):
+                notice = gr.HTML(render_notice(turn.notice(None)), elem_id="rt-notice")
                 transcript = gr.HTML(render_transcript(None), elem_id="rt-transcript")
                 status = gr.HTML(render_status(service, None, None), elem_id="rt-status")
         session_state = gr.State(None)
@@ -102,15 +113,34 @@ def build_page(service: TranscriptionService) -> tuple[gr.Blocks, WebRTC]:
             inputs=[audio],
             outputs=[audio],
             concurrency_limit=settings.concurrency_limit,
-            time_limit=settings.session_time_limit or None,
+            time_limit=(settings.session_time_limit + TIME_LIMIT_BACKSTOP_S) if settings.session_time_limit else None,
         )
+        turn.attach(audio)
 
-        def on_output(event: dict[str, Any], session_id: str) -> tuple[str, str, str]:
+        def on_output(event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
             page_html = render_transcript(service.snapshot(session_id))
-            return page_html, render_status(service, session_id, event), session_id
+            return page_html, render_status(service, session_id, event), session_id, ""
 
-        audio.on_additional_outputs(on_output, outputs=[transcript, status, session_state],
+        audio.on_additional_outputs(on_output, outputs=[transcript, status, session_state, notice],
                                     concurrency_limit=None, queue=True)
+
+        def on_load(request: gr.Request) -> str:
+            return render_notice(turn.notice(request.headers.get("host")))
+
+        async def on_start(request: gr.Request) -> str:
+            # runs beside the component's own turn() call: the same (cached) credentials, the same verdict
+            try:
+                await turn.ice_servers()
+            except TurnError:
+                pass
+            if len(audio.pcs) >= settings.concurrency_limit:
+                n = settings.concurrency_limit
+                return render_notice(f"This demo is full: {n} session{'s' if n != 1 else ''} at a time, all in use. "
+                                     "Try again in a minute, or duplicate the Space to run your own.")
+            return render_notice(turn.notice(request.headers.get("host")))
+
+        page.load(on_load, outputs=[notice], queue=False, show_progress="hidden")
+        audio.start_recording(on_start, outputs=[notice], queue=False, show_progress="hidden")
 
         def on_clear(session_id: str | None) -> tuple[str, str]:
             if session_id:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,6 +39,8 @@ class Job:
     options: TranscribeOptions = field(default_factory=TranscribeOptions)
     future: asyncio.Future[Transcription] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     submitted: float = field(default_factory=time.monotonic)
+    on_text: Callable[[str], None] | None = None
+    """For engines that stream: called with the text so far while the job decodes."""
 
 
 @dataclass
@@ -122,6 +125,9 @@ class Worker:
         job = self._partials.pop(session, None)
         if job is not None:
             job.future.cancel()
+        for job in self._running:  # a running partial is stale too; abortable engines stop decoding it
+            if job.session == session and job.kind == "partial":
+                job.future.cancel()
 
     def cancel_session(self, session: str) -> None:
         """Forget everything queued for a session (it disconnected)."""
@@ -153,6 +159,28 @@ class Worker:
                 batch.append(job)
         return batch
 
+    def _streams(self, batch: list[Job]) -> bool:
+        return bool(getattr(self.engine, "streaming", False)) and any(j.on_text is not None for j in batch)
+
+    async def _call(self, job: Job) -> Transcription:
+        """One job; through the engine's `transcribe_stream` (text deltas) when the job wants the text so far."""
+        stream = getattr(self.engine, "transcribe_stream", None)
+        if job.on_text is None or stream is None or not getattr(self.engine, "streaming", False):
+            return await self.engine.transcribe(job.audio, job.options)
+        text = ""
+        async for delta in stream(job.audio, job.options):
+            text += delta
+            if not job.future.done():
+                job.on_text(text.strip())
+        return Transcription(text=text.strip(), duration=job.audio.size / SAMPLE_RATE)
+
+    async def _run_abortable(self, batch: list[Job]) -> list[Transcription | BaseException]:
+        """One request per job, all at once (the engine batches them); cancelling a job's future aborts its request."""
+        tasks = [asyncio.ensure_future(self._call(job)) for job in batch]
+        for job, task in zip(batch, tasks, strict=True):
+            job.future.add_done_callback(lambda f, t=task: t.cancel() if f.cancelled() else None)
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
+
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
@@ -161,7 +189,9 @@ class Worker:
                 self._running = batch
                 t0 = time.perf_counter()
                 try:
-                    if len(batch) == 1:
+                    if getattr(self.engine, "abortable", False) or self._streams(batch):
+                        results = await self._run_abortable(batch)
+                    elif len(batch) == 1:
                         try:
                             results: list[Transcription | BaseException] = [
                                 await self.engine.transcribe(batch[0].audio, batch[0].options)

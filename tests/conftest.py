@@ -17,6 +17,8 @@ from speech import SENTENCES, Speech, compose
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
+SPACE_VARIABLES = {"SPACE_ID", "HF_TOKEN", "ENDPOINT_URL", "ENDPOINT_TOKEN", "OPENAI_API_KEY", "CLOUDFLARE_TURN_KEY_ID",
+                   "CLOUDFLARE_TURN_KEY_API_TOKEN", "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN"}
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -58,7 +60,10 @@ def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: fl
     """Start `python app.py` in a subprocess (as a user would) and wait until /health says ready."""
     port = free_port()
     log = tmp / f"app-{port}.log"
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+    # the app reads settings and Space variables from its environment: start from a clean one
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("REALTIME_", "GRADIO_")) and k not in
+                 SPACE_VARIABLES}
+    full_env = {**inherited, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback", *args],
         cwd=ROOT, env=full_env, stdout=log.open("wb"), stderr=subprocess.STDOUT,

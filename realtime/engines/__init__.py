@@ -19,11 +19,26 @@ def _embedded(settings: Settings) -> Engine:
     return EmbeddedEngine.from_settings(settings)
 
 
-ENGINES: dict[str, EngineFactory] = {"embedded": _embedded}
+def _vllm(settings: Settings) -> Engine:
+    from .vllm import VllmEngine
+
+    return VllmEngine.from_settings(settings)
+
+
+ENGINES: dict[str, EngineFactory] = {"embedded": _embedded, "vllm": _vllm}
 
 
 def register(name: str, factory: EngineFactory) -> None:
     ENGINES[name] = factory
+
+
+def _remote(settings: Settings) -> Engine:
+    from .remote import RemoteEngine
+
+    return RemoteEngine.from_settings(settings)
+
+
+register("remote", _remote)
 
 
 def create_engine(settings: Settings) -> Engine:

@@ -1,0 +1,448 @@
+"""The app's own transcription API, compatible with OpenAI, `vllm serve` and Hugging Face Whisper endpoints.
+
+This module owns the HTTP transcription routes served next to the page (same process, same engine):
+
+- `POST /v1/audio/transcriptions` and `POST /api/v1/audio/transcriptions` (Hugging Face's route),
+  `POST /v1/audio/translations` (and `/api/v1/audio/translations`): a multipart `file` (wav, flac, mp3,
+  ogg/opus, webm, m4a: anything PyAV decodes, any rate or channel count), or the raw audio as the body
+  (`Content-Type: audio/*` or `application/octet-stream`, fields in the query string). Fields `model`,
+  `language`, `prompt`, `temperature`, `response_format` (`json`, `text`, `verbose_json`, `srt`, `vtt`) and
+  `stream` (`true`: Server-Sent Events `transcript.text.delta` / `transcript.text.done`, as OpenAI sends them).
+- `GET /v1/models`: the model served.
+
+The upload goes to a temporary file while it is read (never whole in memory; `--max-upload-mb` is checked
+against Content-Length first and enforced while reading). The file is decoded as a stream, cut with the live
+pipeline's VAD in a thread, and the segments go through `engine.transcribe_batch` in batches, in order
+(realtime/transcribe.py); live sessions' finals go first. Errors use OpenAI's shape
+`{"error": {"message", "type", "code"}}`: 400 undecodable or empty audio, 401 missing or wrong key
+(`--api-key`), 413 too large, 415 not audio, 422 bad field, 503 with Retry-After when the engine is not
+ready, unavailable or too busy (`--api-max-requests`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
+
+from . import transcript as fmt
+from .audio import AudioDecodeError
+from .engines import TranscribeOptions, Transcription
+from .service import TranscriptionService
+from .transcribe import SegmentStream, transcribe_results
+from .transcript import Entry
+
+log = logging.getLogger(__name__)
+
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+RAW_TYPES = ("audio/", "video/", "application/octet-stream")
+NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "application/zip",
+                   "application/xml")
+_LANGUAGE = re.compile(r"^[a-z]{2,3}$")
+_SUFFIX = re.compile(r"^\.[a-z0-9]{1,5}$")
+MAX_PROMPT_CHARS = 4000
+LIVE_FIRST_MAX_WAIT_S = 2.0
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, code: str, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.kind = status, message, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": None}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class _TooLarge(MultiPartException):
+    """The body passed the size limit while being read (a MultiPartException so the parser closes its files)."""
+
+
+@dataclass(frozen=True)
+class Params:
+    response_format: str
+    stream: bool
+    language: str | None
+    prompt: str | None
+    temperature: float | None
+    model: str | None
+
+
+def _unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
+    return APIError(503, message, code, kind="server_error",
+                    headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+def can_translate(info: dict[str, Any]) -> bool:
+    """Whether the engine's model translates: its own word when it says, else not an English-only (.en) model."""
+    if "translate" in info:
+        return bool(info["translate"])
+    return re.search(r"\.en\b", str(info.get("model", ""))) is None
+
+
+def _parse_params(fields: dict[str, str]) -> Params:
+    fmt_ = (fields.get("response_format") or "json").strip().lower()
+    if fmt_ not in RESPONSE_FORMATS:
+        raise APIError(422, f"response_format must be one of {', '.join(RESPONSE_FORMATS)} (got {fmt_!r})",
+                       "invalid_response_format")
+    raw_stream = (fields.get("stream") or "false").strip().lower()
+    if raw_stream not in ("true", "false", "1", "0"):
+        raise APIError(422, f"stream must be true or false (got {raw_stream!r})", "invalid_stream")
+    stream = raw_stream in ("true", "1")
+    if stream and fmt_ not in ("json", "text"):
+        raise APIError(422, "stream=true works with response_format json or text", "invalid_stream")
+    language = (fields.get("language") or "").strip().lower() or None
+    if language is not None and not _LANGUAGE.match(language):
+        raise APIError(422, f"language must be an ISO-639-1 code such as 'en' (got {language!r})",
+                       "invalid_language")
+    prompt = fields.get("prompt") or None
+    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+        raise APIError(422, f"prompt is longer than {MAX_PROMPT_CHARS} characters", "invalid_prompt")
+    temperature: float | None = None
+    raw_t = (fields.get("temperature") or "").strip()
+    if raw_t:
+        try:
+            temperature = float(raw_t)
+        except ValueError:
+            raise APIError(422, f"temperature must be a number between 0 and 1 (got {raw_t!r})",
+                           "invalid_temperature") from None
+        if not 0.0 <= temperature <= 1.0:
+            raise APIError(422, f"temperature must be between 0 and 1 (got {temperature})", "invalid_temperature")
+        if temperature == 0.0:
+            temperature = None  # OpenAI's 0: greedy, raised automatically when the decode looks wrong
+    granularities = fields.get("timestamp_granularities[]") or fields.get("timestamp_granularities") or ""
+    if "word" in granularities:
+        raise APIError(422, "word timestamps are not supported; segment timestamps come with verbose_json",
+                       "invalid_timestamp_granularities")
+    model = (fields.get("model") or "").strip() or None
+    if model is not None and len(model) > 256:
+        raise APIError(422, "model name too long", "invalid_model")
+    return Params(fmt_, stream, language, prompt, temperature, model)
+
+
+def _check_audio(path: Path, declared: str) -> None:
+    """400 for what does not decode, 415 for files that are not audio (another kind, or no audio stream)."""
+    import av
+
+    if path.stat().st_size == 0:
+        raise APIError(400, "the audio file is empty", "empty_file")
+    not_audio = declared.startswith(NOT_AUDIO_TYPES)
+    try:
+        container = av.open(str(path))
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = re.sub(r":\s*'[^']*'$", "", reason.replace(str(path), "upload"))  # no server paths in replies
+        if not_audio:
+            raise APIError(415, f"unsupported file type {declared}: send wav, flac, mp3, ogg, webm or m4a audio",
+                           "unsupported_media_type") from None
+        raise APIError(400, f"the file is not decodable audio ({reason})", "invalid_audio") from None
+    with container:
+        if not container.streams.audio:
+            raise APIError(415, f"unsupported format: the {container.format.name} file contains no audio stream",
+                           "unsupported_media_type")
+
+
+def _clean(exc: BaseException, path: Path) -> str:
+    """An error's text without the server's temporary paths."""
+    return str(exc).replace(f"{path}: ", "").replace(str(path), "upload")
+
+
+def _suffix(filename: str | None) -> str:
+    suffix = Path(filename or "").suffix.lower()
+    return suffix if _SUFFIX.match(suffix) else ""
+
+
+def create_router(service: TranscriptionService) -> APIRouter:
+    """The API routes bound to one TranscriptionService (its settings, engine and worker)."""
+    settings = service.settings
+    router = APIRouter()
+    limit = int(settings.max_upload_mb * 1024 * 1024)
+    running = 0
+
+    def check_key(request: Request) -> None:
+        key = settings.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def check_ready() -> dict[str, Any]:
+        info = service.engine.describe()
+        if not service.ready or not info.get("ready", True):
+            raise _unavailable(f"the {info.get('engine')} engine is not ready", 5, "engine_not_ready")
+        return info
+
+    async def limited(request: Request) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit:
+                raise _TooLarge(f"the upload is larger than {settings.max_upload_mb:g} MB")
+            yield chunk
+
+    async def read_upload(request: Request, kind: str, workdir: Path) -> tuple[dict[str, str], Path, str]:
+        """(fields, path of the audio file on disk, declared content type)."""
+        fields: dict[str, str] = {k: v for k, v in request.query_params.items()}
+        if kind == "raw":
+            declared = request.headers.get("content-type", "")
+            path = workdir / "upload"
+            with path.open("wb") as out:
+                buf = bytearray()
+                async for chunk in limited(request):
+                    buf += chunk
+                    if len(buf) >= 1 << 20:
+                        await asyncio.to_thread(out.write, bytes(buf))
+                        buf.clear()
+                out.write(buf)
+            return fields, path, declared
+        parser = MultiPartParser(request.headers, limited(request), max_files=4, max_fields=64,
+                                 max_part_size=64 * 1024)
+        form = await parser.parse()
+        upload: UploadFile | None = None
+        try:
+            for name, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    if name == "file" and upload is None:
+                        upload = value
+                elif name == "file":
+                    raise APIError(422, "file must be sent as a file part (multipart with a filename)",
+                                   "invalid_file")
+                else:
+                    fields[name] = value
+            if upload is None:
+                raise APIError(422, "the multipart field 'file' (the audio) is missing", "missing_file")
+            path = workdir / ("upload" + _suffix(upload.filename))
+            with path.open("wb") as out:
+                await asyncio.to_thread(shutil.copyfileobj, upload.file, out, 1 << 20)
+            return fields, path, upload.content_type or ""
+        finally:
+            await form.close()
+
+    async def live_first() -> None:
+        """Let live sessions' queued finals go before the next API batch (bounded wait)."""
+        worker = service.worker
+        deadline = time.monotonic() + LIVE_FIRST_MAX_WAIT_S
+        while worker is not None and worker.pending_finals and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    def engine_error(exc: BaseException) -> APIError:
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            return _unavailable(str(exc), retry_after)
+        return APIError(500, f"transcription failed: {exc}", "engine_error", kind="server_error")
+
+    async def results(path: Path, options: TranscribeOptions, segments: SegmentStream,
+                      ) -> AsyncIterator[tuple[Entry, Transcription]]:
+        async for end, result in transcribe_results(path, service.engine, options=options, before_batch=live_first,
+                                                    stream=segments):
+            if isinstance(result, BaseException):
+                raise engine_error(result)
+            yield Entry(end.segment, end.start, end.end, result.text.strip()), result
+
+    async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
+        segments = SegmentStream(path, settings.vad_config())
+        entries: list[Entry] = []
+        verbose: list[dict[str, Any]] = []
+        language = options.language
+        try:
+            async for entry, result in results(path, options, segments):
+                language = language or result.language
+                if not entry.text:
+                    continue
+                entries.append(entry)
+                verbose.append({
+                    "id": len(verbose), "seek": 0, "start": round(entry.start, 3), "end": round(entry.end, 3),
+                    "text": entry.text, "tokens": [],
+                    "temperature": float(result.extra.get("temperature", options.temperature or 0.0)),
+                    "avg_logprob": result.avg_logprob if result.avg_logprob is not None else 0.0,
+                    "compression_ratio": 0.0,
+                    "no_speech_prob": result.no_speech_prob if result.no_speech_prob is not None else 0.0,
+                })
+        except AudioDecodeError as exc:
+            raise APIError(400, f"the file is not decodable audio ({_clean(exc, path)})", "invalid_audio") from None
+        text = " ".join(e.text for e in entries)
+        usage = {"type": "duration", "seconds": round(segments.duration, 3)}
+        if params.response_format == "json":
+            return JSONResponse({"text": text, "usage": usage})
+        if params.response_format == "text":
+            return PlainTextResponse(text + "\n")
+        if params.response_format == "srt":
+            return PlainTextResponse(fmt.to_srt(entries))
+        if params.response_format == "vtt":
+            return PlainTextResponse(fmt.to_vtt(entries), media_type="text/vtt")
+        return JSONResponse({"task": task, "language": language or "en", "duration": round(segments.duration, 3),
+                             "text": text, "segments": verbose, "usage": usage})
+
+    async def events(path: Path, options: TranscribeOptions) -> AsyncIterator[str]:
+        """OpenAI's streaming events: a delta per piece of text, then the whole text."""
+        engine = service.engine
+        texts: list[str] = []
+
+        def event(doc: dict[str, Any]) -> str:
+            return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
+
+        try:
+            segments = SegmentStream(path, settings.vad_config())
+            if getattr(engine, "streaming", False) and hasattr(engine, "transcribe_stream"):
+                async for end in segments:
+                    await live_first()
+                    parts: list[str] = []
+                    try:
+                        async for delta in engine.transcribe_stream(end.audio, options):
+                            if not parts:
+                                delta = delta.lstrip()
+                                if not delta:
+                                    continue
+                                if texts:
+                                    delta = " " + delta
+                            parts.append(delta)
+                            yield event({"type": "transcript.text.delta", "delta": delta})
+                    except Exception as exc:
+                        raise engine_error(exc) from None
+                    if "".join(parts).strip():
+                        texts.append("".join(parts).strip())
+            else:
+                async for entry, _ in results(path, options, segments):
+                    if entry.text:
+                        yield event({"type": "transcript.text.delta", "delta": (" " if texts else "") + entry.text})
+                        texts.append(entry.text)
+            yield event({"type": "transcript.text.done", "text": " ".join(texts)})
+        except AudioDecodeError as exc:
+            yield event(APIError(400, f"the file is not decodable audio ({_clean(exc, path)})",
+                                 "invalid_audio").body())
+        except APIError as exc:
+            yield event(exc.body())
+        except Exception as exc:
+            log.exception("API stream failed")
+            yield event(APIError(500, f"transcription failed: {type(exc).__name__}", "internal_error",
+                                 kind="server_error").body())
+
+    async def handle(request: Request, task: str) -> Response:
+        nonlocal running
+        check_key(request)
+        info = check_ready()
+        if task == "translate" and not can_translate(info):
+            raise APIError(400, f"the model {info.get('model')} is English-only and cannot translate; use "
+                                "/v1/audio/transcriptions or a multilingual model", "translation_unsupported")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise APIError(413, f"the upload ({int(length) / 1e6:.0f} MB) is larger than the limit of "
+                                f"{settings.max_upload_mb:g} MB", "file_too_large")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "multipart/form-data":
+            kind = "form"
+        elif not ctype or ctype.startswith(RAW_TYPES):
+            kind = "raw"
+        elif ctype == "application/x-www-form-urlencoded":
+            raise APIError(422, "the multipart field 'file' (the audio) is missing: send multipart/form-data",
+                           "missing_file")
+        else:
+            raise APIError(415, f"unsupported content type {ctype!r}: send multipart/form-data with a 'file' "
+                                "field, or the audio itself as the body", "unsupported_media_type")
+        if settings.api_max_requests and running >= settings.api_max_requests:
+            raise _unavailable(f"the server is busy ({running} transcriptions running); retry shortly", 2,
+                               "overloaded")
+        running += 1
+        workdir = Path(tempfile.mkdtemp(prefix="realtime-api-"))
+        handed_over = False
+        try:
+            try:
+                fields, path, declared = await read_upload(request, kind, workdir)
+            except _TooLarge as exc:
+                raise APIError(413, str(exc), "file_too_large") from None
+            except MultiPartException as exc:
+                raise APIError(400, f"malformed multipart body: {exc.message}", "invalid_multipart") from None
+            params = _parse_params(fields)
+            await asyncio.to_thread(_check_audio, path, declared)
+            options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
+                                        prompt=params.prompt, temperature=params.temperature)
+            if not params.stream:
+                return await respond(params, task, path, options)
+
+            released = False
+
+            def release() -> None:  # from the stream's end, or after the response if the stream never ran
+                nonlocal running, released
+                if not released:
+                    released = True
+                    running -= 1
+                    shutil.rmtree(workdir, ignore_errors=True)
+
+            async def stream() -> AsyncIterator[str]:
+                try:
+                    async for chunk in events(path, options):
+                        yield chunk
+                finally:
+                    release()
+
+            handed_over = True
+            return StreamingResponse(stream(), media_type="text/event-stream", background=BackgroundTask(release),
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        finally:
+            if not handed_over:
+                running -= 1
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    async def guarded(request: Request, task: str) -> Response:
+        try:
+            return await handle(request, task)
+        except APIError as exc:
+            return exc.response()
+        except ClientDisconnect:
+            return APIError(400, "the client disconnected during the upload", "client_disconnected").response()
+        except Exception:
+            log.exception("API request failed")
+            return APIError(500, "internal error", "internal_error", kind="server_error").response()
+
+    @router.post("/v1/audio/transcriptions", include_in_schema=False)
+    @router.post("/api/v1/audio/transcriptions", include_in_schema=False)
+    async def transcriptions(request: Request) -> Response:
+        return await guarded(request, "transcribe")
+
+    @router.post("/v1/audio/translations", include_in_schema=False)
+    @router.post("/api/v1/audio/translations", include_in_schema=False)
+    async def translations(request: Request) -> Response:
+        return await guarded(request, "translate")
+
+    @router.get("/v1/models", include_in_schema=False)
+    async def models(request: Request) -> Response:
+        try:
+            check_key(request)
+        except APIError as exc:
+            return exc.response()
+        info = service.engine.describe()
+        return JSONResponse({"object": "list", "data": [{
+            "id": str(info.get("model")), "object": "model", "created": int(service.started_at),
+            "owned_by": "realtime-transcription", "engine": info.get("engine"), "ready": bool(info.get("ready", True)),
+        }]})
+
+    return router
+
+
+__all__ = ["APIError", "can_translate", "create_router"]

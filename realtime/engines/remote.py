@@ -1,0 +1,609 @@
+"""The remote engine: segments go over HTTP to OpenAI-compatible or Hugging Face Whisper endpoints.
+
+This module owns the client side of the transcription protocol that realtime/api.py serves: `vllm serve`,
+Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
+
+- One `httpx.AsyncClient` with pooled, kept-alive connections; each segment is sent as a 16 kHz mono WAV
+  made in memory (multipart `file`).
+- URL styles: a path ending in `/api/v1/audio/transcriptions` (or a bare `*.endpoints.huggingface.cloud`
+  address) is a Hugging Face endpoint and gets the bare `file`; any other address is OpenAI-style
+  (`/v1/audio/transcriptions` is appended to a base URL) and gets `model` (from `--remote-model` or the
+  server's `/v1/models`), `response_format`, `language`, `prompt`, `temperature`.
+- Connect and read timeouts; retries with exponential backoff and jitter on connection errors,
+  timeouts, dropped connections, malformed replies, 429 and 5xx; `Retry-After` is honoured (the endpoint is
+  not used again before then); a bound on requests in flight.
+- A circuit breaker per endpoint: after `failure_threshold` consecutive failures it is skipped, and a
+  background prober re-probes it (`/health`, else `/v1/models`) after a cooldown that doubles while it
+  stays down. With several URLs each request goes to the healthy endpoint with the fewest requests in
+  flight. When no endpoint is usable, requests fail at once with `EndpointUnavailable` (it carries a
+  retry delay), or go to the fallback engine when one is configured (`--remote-fallback`); `describe()`
+  says which one is in use, and the page shows it.
+- Streaming: with `stream=True` OpenAI-style endpoints are asked for Server-Sent Events; both vLLM's chunks
+  (`choices[].delta.content`, then `[DONE]`) and OpenAI's `transcript.text.delta` / `transcript.text.done`
+  events are read. `transcribe_stream` hands the deltas on as they arrive (the HTTP API forwards them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import numpy as np
+
+from ..audio import SAMPLE_RATE, wav_bytes
+from .base import Engine, EngineError, TimedText, TranscribeOptions, Transcription
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+log = logging.getLogger(__name__)
+
+OPENAI, HF = "openai", "hf"
+SILENCE_PEAK = 1e-3  # digital silence never goes over the network
+RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+class EndpointUnavailable(EngineError):
+    """No endpoint can take the request now (all circuits open or rate limited)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _Retryable(Exception):
+    """A failure worth another attempt: connection, timeout, 429/5xx, malformed reply."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Endpoint:
+    url: str
+    style: str
+    translate_url: str
+    health_url: str
+    models_url: str
+    model: str | None = None
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    """Consecutive failures; the circuit opens at the threshold."""
+    errors: int = 0
+    state: str = "closed"
+    """closed: in use; open: skipped until re-probed."""
+    retry_at: float = 0.0
+    """When an open circuit is probed next (monotonic)."""
+    cooldown: float = 0.0
+    blocked_until: float = 0.0
+    """Retry-After of a 429/503: not used before this (monotonic)."""
+    last_error: str | None = None
+    picked: int = field(default=0, repr=False)
+
+    def usable(self, now: float) -> bool:
+        return self.state == "closed" and now >= self.blocked_until
+
+    def public(self, now: float) -> dict[str, Any]:
+        return {
+            "url": self.url, "style": self.style, "model": self.model, "healthy": self.state == "closed",
+            "in_flight": self.in_flight, "requests": self.requests, "errors": self.errors,
+            "retry_in_s": round(max(self.retry_at, self.blocked_until) - now, 1)
+            if self.state == "open" or self.blocked_until > now else None,
+            "last_error": self.last_error,
+        }
+
+
+def parse_endpoint(raw: str) -> Endpoint:
+    """An Endpoint for a URL as users give it (full route, base URL, or a Hugging Face endpoint address)."""
+    url = httpx.URL(raw.strip())
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"remote URL {raw!r} must be http:// or https:// with a host")
+    path = url.path.rstrip("/")
+    for tail in ("/audio/transcriptions", "/audio/translations"):
+        if path.endswith(tail):
+            prefix = path[: -len(tail)]
+            break
+    else:
+        if url.host.endswith(".endpoints.huggingface.cloud") and not path:
+            prefix = "/api/v1"
+        else:
+            prefix = path if path.endswith("/v1") else path + "/v1"
+    style = HF if prefix.endswith("/api/v1") else OPENAI
+    root_path = prefix[: -len("/api/v1")] if style == HF else prefix[: -len("/v1")]
+    root = str(url.copy_with(path=root_path or "/", query=None, fragment=None)).rstrip("/")
+    return Endpoint(
+        url=f"{root}{prefix}/audio/transcriptions",
+        style=style,
+        translate_url=f"{root}{prefix}/audio/translations",
+        health_url=f"{root}/health",
+        models_url=f"{root}/v1/models",
+    )
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        doc = response.json()
+    except ValueError:
+        return response.text.strip()[:200] or response.reason_phrase
+    if isinstance(doc, dict):
+        err = doc.get("error", doc.get("detail", doc.get("message")))
+        if isinstance(err, dict):
+            err = err.get("message")
+        if err:
+            return str(err)[:200]
+    return str(doc)[:200]
+
+
+class _Deltas:
+    """Passes a request's text deltas on without repeating text after a retry (deltas only grow)."""
+
+    def __init__(self, sink: Callable[[str], None] | None) -> None:
+        self.sink = sink
+        self.emitted = ""
+
+    def attempt(self) -> Callable[[str], None]:
+        text = ""
+
+        def add(delta: str) -> None:
+            nonlocal text
+            text += delta
+            self.offer(text)
+
+        return add
+
+    def offer(self, text: str) -> None:
+        if self.sink is not None and text.startswith(self.emitted) and len(text) > len(self.emitted):
+            self.sink(text[len(self.emitted):])
+            self.emitted = text
+
+
+class RemoteEngine:
+    name = "remote"
+
+    def __init__(
+        self,
+        urls: Sequence[str] | str,
+        token: str | None = None,
+        model: str | None = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        retries: int = 3,
+        max_in_flight: int = 8,
+        stream: bool = False,
+        language: str | None = None,
+        fallback: Engine | None = None,
+        failure_threshold: int = 3,
+        cooldown: float = 2.0,
+        max_cooldown: float = 30.0,
+        backoff_base: float = 0.2,
+        backoff_max: float = 5.0,
+        max_retry_wait: float = 10.0,
+        probe_interval: float = 0.25,
+    ) -> None:
+        raw = urls.split(",") if isinstance(urls, str) else list(urls)
+        raw = [u for u in (u.strip() for u in raw) if u]
+        if not raw:
+            raise EngineError("the remote engine needs --remote-url (one or more endpoint URLs, comma-separated)")
+        try:
+            self.endpoints = [parse_endpoint(u) for u in raw]
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self.token = token or None
+        self.model = model or None
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.retries = max(0, retries)
+        self.max_in_flight = max(1, max_in_flight) * len(self.endpoints)
+        self.max_batch_size = self.max_in_flight
+        self.stream = stream
+        self.language = language
+        self.fallback = fallback
+        self.failure_threshold = max(1, failure_threshold)
+        self.cooldown = cooldown
+        self.max_cooldown = max_cooldown
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_retry_wait = max_retry_wait
+        self.probe_interval = probe_interval
+        self.fallback_requests = 0
+        self._slots = asyncio.Semaphore(self.max_in_flight)
+        self._client: httpx.AsyncClient | None = None
+        self._prober: asyncio.Task[None] | None = None
+        self._started = False
+        for ep in self.endpoints:
+            ep.cooldown = cooldown
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RemoteEngine:
+        token = (settings.remote_token or getattr(settings, "hf_token", "") or os.environ.get("HF_TOKEN")
+                 or os.environ.get("OPENAI_API_KEY"))
+        fallback: Engine | None = None
+        if settings.remote_fallback:
+            from .embedded import EmbeddedEngine
+
+            fallback = EmbeddedEngine.from_settings(settings)
+        return cls(
+            settings.remote_url,
+            token=token,
+            model=settings.remote_model,
+            timeout=settings.remote_timeout,
+            connect_timeout=settings.remote_connect_timeout,
+            retries=settings.remote_retries,
+            max_in_flight=settings.remote_max_in_flight,
+            stream=settings.remote_stream,
+            language=settings.language,
+            fallback=fallback,
+        )
+
+    # -- lifecycle
+    async def start(self) -> None:
+        if self._started:
+            return
+        headers = {"User-Agent": "realtime-transcription"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+            limits=httpx.Limits(max_connections=self.max_in_flight + 2 * len(self.endpoints),
+                                max_keepalive_connections=self.max_in_flight + len(self.endpoints),
+                                keepalive_expiry=60.0),
+        )
+        if self.fallback is not None:
+            await self.fallback.start()
+        await asyncio.gather(*(self._probe(ep, initial=True) for ep in self.endpoints))
+        self._started = True
+        self._prober = asyncio.get_running_loop().create_task(self._probe_loop(), name="remote-prober")
+        log.info("remote engine: %s", ", ".join(f"{e.url} ({e.state})" for e in self.endpoints))
+
+    async def close(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+            self._prober = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self.fallback is not None:
+            await self.fallback.close()
+        self._started = False
+
+    # -- health
+    def _open(self, ep: Endpoint, reason: str, at_least: float = 0.0, quiet: bool = False) -> None:
+        now = time.monotonic()
+        if ep.state != "open":
+            log.log(logging.INFO if quiet else logging.WARNING, "remote endpoint %s unhealthy (%s); circuit open "
+                    "for %.1fs", ep.url, reason, max(ep.cooldown, at_least))
+        ep.state = "open"
+        ep.retry_at = now + max(ep.cooldown, at_least)
+
+    def _close_circuit(self, ep: Endpoint) -> None:
+        if ep.state != "closed":
+            log.info("remote endpoint %s healthy again", ep.url)
+        ep.state = "closed"
+        ep.failures = 0
+        ep.cooldown = self.cooldown
+
+    async def _probe(self, ep: Endpoint, initial: bool = False) -> bool:
+        """GET /health (else /v1/models); learns the model name of OpenAI-style endpoints."""
+        assert self._client is not None
+        timeout = httpx.Timeout(max(self.connect_timeout, 2.0))
+        healthy = False
+        try:
+            r = await self._client.get(ep.health_url, timeout=timeout)
+            healthy = r.is_success
+            if r.status_code in (404, 405) or (ep.style == OPENAI and healthy and not (self.model or ep.model)):
+                m = await self._client.get(ep.models_url, timeout=timeout)
+                if r.status_code in (404, 405):
+                    healthy = m.status_code < 500 and m.status_code != 429
+                if m.is_success and not (self.model or ep.model):
+                    with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                        ep.model = str(m.json()["data"][0]["id"])
+            reason = f"health check answered {r.status_code}"
+        except httpx.HTTPError as exc:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if healthy:
+            self._close_circuit(ep)
+        else:
+            ep.last_error = reason
+            if not initial and ep.state == "open":
+                ep.cooldown = min(self.max_cooldown, ep.cooldown * 2)
+            self._open(ep, reason, quiet=initial)
+        return healthy
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval)
+            now = time.monotonic()
+            due = [ep for ep in self.endpoints if ep.state == "open" and now >= ep.retry_at]
+            if due:
+                await asyncio.gather(*(self._probe(ep) for ep in due), return_exceptions=True)
+
+    def _failure(self, ep: Endpoint, exc: _Retryable) -> None:
+        now = time.monotonic()
+        ep.failures += 1
+        ep.errors += 1
+        ep.last_error = str(exc)
+        if exc.retry_after:
+            ep.blocked_until = max(ep.blocked_until, now + exc.retry_after)
+        if ep.failures >= self.failure_threshold:
+            self._open(ep, str(exc), at_least=ep.blocked_until - now)
+
+    def _wait_hint(self) -> float:
+        now = time.monotonic()
+        hints = [max(ep.retry_at if ep.state == "open" else now, ep.blocked_until) - now for ep in self.endpoints]
+        return max(1.0, min(hints, default=1.0))
+
+    async def _choose(self, avoid: Endpoint | None, wait: bool = True) -> Endpoint:
+        """The usable endpoint with the fewest requests in flight (waits out a short Retry-After if `wait`)."""
+        while True:
+            now = time.monotonic()
+            usable = [ep for ep in self.endpoints if ep.usable(now)]
+            if len(usable) > 1 and avoid in usable:
+                usable.remove(avoid)
+            if usable:
+                ep = min(usable, key=lambda e: (e.in_flight, e.picked))
+                ep.picked += 1
+                return ep
+            waiting = [ep.blocked_until - now for ep in self.endpoints if ep.state == "closed"]
+            if wait and waiting and min(waiting) <= self.max_retry_wait:
+                await asyncio.sleep(min(waiting))
+                continue
+            errors = "; ".join(f"{ep.url}: {ep.last_error or 'down'}" for ep in self.endpoints)
+            hint = self._wait_hint()
+            raise EndpointUnavailable(f"remote endpoint unavailable ({errors}); retry in {hint:.0f} s", hint)
+
+    # -- requests
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter: half the step for sure, the other half at random."""
+        step = min(self.backoff_max, self.backoff_base * 2**attempt)
+        return step / 2 + random.uniform(0.0, step / 2)
+
+    async def _request(self, audio: np.ndarray, options: TranscribeOptions, deltas: _Deltas) -> Transcription:
+        if self._client is None:
+            await self.start()
+        wav = wav_bytes(audio)
+        attempts = 1 if options.partial else 1 + self.retries  # a partial is stale by the time a retry lands
+        last: _Retryable | None = None
+        ep: Endpoint | None = None
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt - 1))
+            async with self._slots:  # the bound on requests in flight; then the least busy endpoint
+                ep = await self._choose(avoid=ep, wait=not options.partial)
+                t0 = time.perf_counter()
+                ep.in_flight += 1
+                ep.requests += 1
+                try:
+                    result = await asyncio.wait_for(self._send(ep, wav, options, deltas.attempt()),
+                                                    self.timeout * 2 + self.connect_timeout)
+                except TimeoutError:
+                    last = _Retryable(f"no complete reply within {self.timeout * 2 + self.connect_timeout:.0f} s")
+                    self._failure(ep, last)
+                    continue
+                except _Retryable as exc:
+                    last = exc
+                    self._failure(ep, exc)
+                    log.info("remote %s attempt %d/%d failed: %s", ep.url, attempt + 1, attempts, exc)
+                    continue
+                finally:
+                    ep.in_flight -= 1
+            ep.failures = 0
+            deltas.offer(result.text)
+            duration = audio.size / SAMPLE_RATE
+            return Transcription(
+                text=result.text, language=result.language or options.language or self.language,
+                duration=duration, segments=result.segments or ((TimedText(0.0, duration, result.text),)
+                                                                 if result.text else ()),
+                engine_seconds=time.perf_counter() - t0,
+                extra={"endpoint": ep.url, "attempts": attempt + 1},
+            )
+        assert last is not None
+        raise EndpointUnavailable(f"remote endpoint failed after {attempts} attempt(s): {last}", self._wait_hint())
+
+    async def _send(self, ep: Endpoint, wav: bytes, options: TranscribeOptions,
+                    on_delta: Callable[[str], None]) -> Transcription:
+        assert self._client is not None
+        url = ep.translate_url if options.task == "translate" else ep.url
+        data: dict[str, str] = {}
+        stream = False
+        if ep.style == OPENAI:
+            data["model"] = self.model or ep.model or "whisper-1"
+            data["response_format"] = "verbose_json" if options.timestamps else "json"
+            language = options.language or self.language
+            if language and options.task != "translate":
+                data["language"] = language
+            if options.prompt:
+                data["prompt"] = options.prompt
+            if options.temperature is not None:
+                data["temperature"] = str(options.temperature)
+            if self.stream and not options.timestamps:
+                stream = True
+                data["stream"] = "true"
+        files = {"file": ("segment.wav", wav, "audio/wav")}
+        try:
+            async with self._client.stream("POST", url, data=data, files=files) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    message = f"{r.status_code} {_error_message(r)}"
+                    if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
+                        raise _Retryable(message, _retry_after(r))
+                    if r.status_code in (401, 403):
+                        raise EngineError(f"the endpoint {ep.url} refused the token ({message})")
+                    raise EngineError(f"the endpoint {ep.url} rejected the segment ({message})")
+                if stream and r.headers.get("content-type", "").startswith("text/event-stream"):
+                    return await self._read_sse(r, on_delta)
+                body = await r.aread()
+                return self._parse(r, body)
+        except httpx.TimeoutException as exc:
+            raise _Retryable(f"timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:  # connection refused or dropped, protocol errors
+            raise _Retryable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from exc
+
+    @staticmethod
+    def _parse(r: httpx.Response, body: bytes) -> Transcription:
+        ctype = r.headers.get("content-type", "")
+        if ctype.startswith("text/plain"):
+            return Transcription(text=body.decode("utf-8", "replace").strip())
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise _Retryable(f"malformed JSON reply ({body[:60]!r})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+            raise _Retryable(f"reply without text ({body[:60]!r})")
+        segments: list[TimedText] = []
+        for seg in doc.get("segments") or []:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                segments.append(TimedText(float(seg["start"]), float(seg["end"]), str(seg["text"]).strip()))
+        language = doc.get("language")
+        return Transcription(text=doc["text"].strip(), language=language if isinstance(language, str) else None,
+                             segments=tuple(segments))
+
+    @staticmethod
+    async def _read_sse(r: httpx.Response, on_delta: Callable[[str], None]) -> Transcription:
+        """vLLM's chat-completion-like chunks or OpenAI's transcript.text.* events."""
+        parts: list[str] = []
+        done_text: str | None = None
+        finished = False
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                finished = True
+                break
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                raise _Retryable(f"malformed event in the stream ({payload[:60]!r})") from None
+            if not isinstance(event, dict):
+                continue
+            if event.get("error"):
+                err = event["error"]
+                raise _Retryable(f"stream error: {err.get('message') if isinstance(err, dict) else err}")
+            kind = event.get("type")
+            delta = ""
+            if kind == "transcript.text.delta":
+                delta = str(event.get("delta") or "")
+            elif kind == "transcript.text.done":
+                done_text = str(event.get("text") or "")
+                finished = True
+                break
+            else:
+                for choice in event.get("choices") or []:
+                    if isinstance(choice, dict):
+                        delta += str((choice.get("delta") or {}).get("content") or "")
+            if delta:
+                parts.append(delta)
+                on_delta(delta)
+        if not finished:
+            raise _Retryable("the stream ended before it was done")
+        text = done_text if done_text is not None else "".join(parts)
+        return Transcription(text=text.strip())
+
+    # -- the Engine interface
+    def _fallback_active(self) -> bool:
+        return self.fallback is not None and self._started and not any(
+            ep.state == "closed" for ep in self.endpoints)
+
+    async def _transcribe(self, audio: np.ndarray, options: TranscribeOptions,
+                          on_delta: Callable[[str], None] | None = None) -> Transcription:
+        if audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK:
+            return Transcription(text="", language=options.language or self.language, duration=audio.size / 16000)
+        deltas = _Deltas(on_delta)
+        if not self._fallback_active():
+            try:
+                return await self._request(audio, options, deltas)
+            except EndpointUnavailable as exc:
+                # a partial that failed once is simply dropped; a final is never lost while a fallback exists
+                if self.fallback is None or (options.partial and not self._fallback_active()):
+                    raise
+                log.warning("using the fallback engine: %s", exc)
+        assert self.fallback is not None
+        self.fallback_requests += 1
+        result = await self.fallback.transcribe(audio, options)
+        deltas.offer(result.text)
+        return result
+
+    async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        return await self._transcribe(audio, options)
+
+    async def transcribe_batch(
+        self, audios: Sequence[np.ndarray], options: Sequence[TranscribeOptions]
+    ) -> list[Transcription | BaseException]:
+        return list(await asyncio.gather(*(self._transcribe(a, o) for a, o in zip(audios, options, strict=True)),
+                                         return_exceptions=True))
+
+    async def transcribe_stream(self, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
+        """Text deltas as the endpoint produces them (one delta when it does not stream)."""
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        task = asyncio.ensure_future(self._transcribe(audio, options, on_delta=queue.put_nowait))
+        try:
+            while not (task.done() and queue.empty()):
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            task.result()  # raises the engine's error
+        finally:
+            task.cancel()
+
+    @property
+    def streaming(self) -> bool:
+        return self.stream
+
+    def describe(self) -> dict[str, Any]:
+        now = time.monotonic()
+        models = sorted({m for m in (self.model, *(ep.model for ep in self.endpoints)) if m})
+        hosts = ", ".join(httpx.URL(ep.url).netloc.decode() for ep in self.endpoints)
+        fallback = self.fallback.describe() if self.fallback is not None else None
+        in_use = "fallback" if self._fallback_active() else "remote"
+        model = f"{'/'.join(models) or 'remote model'} @ {hosts}"
+        if in_use == "fallback" and fallback is not None:
+            model = f"{fallback.get('model')} (fallback: endpoint down)"
+        healthy = any(ep.state == "closed" for ep in self.endpoints)
+        return {
+            "engine": self.name,
+            "model": model,
+            "in_use": in_use,
+            "ready": self._started and (healthy or fallback is not None),
+            "endpoints": [ep.public(now) for ep in self.endpoints],
+            "fallback": fallback.get("model") if fallback else None,
+            "fallback_requests": self.fallback_requests,
+            "stream": self.stream,
+            "max_in_flight": self.max_in_flight,
+            "timeout_s": self.timeout,
+            "retries": self.retries,
+            "translate": True,
+        }

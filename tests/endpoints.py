@@ -1,0 +1,236 @@
+"""Real HTTP servers on 127.0.0.1 for the remote-engine and API tests: a Whisper endpoint that misbehaves on command.
+
+`FakeEndpoint` answers `POST .../audio/transcriptions` (OpenAI or Hugging Face style), `GET /health` and
+`GET /v1/models` over a real socket (HTTP/1.1, keep-alive). Each transcription request takes the next
+behaviour from `script` (else `default`; clips shorter than `script_min_seconds` skip the script):
+
+    ok            {"text": "segment N"}; N is read from the WAV's first sample (see `segment_audio`)
+    500, 503      an error reply (OpenAI error shape)
+    429:S         429 with Retry-After: S
+    slow:S        the ok reply, S seconds late
+    drop          the connection is closed without a reply
+    badjson       200 with a body that is not JSON
+    sse-vllm      vLLM's streamed chunks (choices[].delta.content, then [DONE])
+    sse-openai    OpenAI's transcript.text.delta / transcript.text.done events
+    sse-drop      two vLLM chunks, then the connection is closed
+    hold          wait until `release()`, then ok
+
+With `upstream` set, `ok` (and GET, while healthy) forwards the request to that server instead: a
+fault-injecting proxy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import socket
+import threading
+import time
+import wave
+from collections import deque
+from email.parser import BytesParser
+from email.policy import HTTP
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import numpy as np
+
+SSE_WORDS = ["Hello", " there,", " general", " Kenobi."]
+
+
+def segment_audio(n: int, seconds: float = 0.5) -> np.ndarray:
+    """A clip that identifies itself: constant amplitude (n + 1) / 100, read back by the endpoint."""
+    return np.full(int(16000 * seconds), (n + 1) / 100, dtype=np.float32)
+
+
+def _seconds(wav: bytes) -> float:
+    with wave.open(io.BytesIO(wav)) as w:
+        return w.getnframes() / w.getframerate()
+
+
+def _segment_id(wav: bytes) -> int:
+    with wave.open(io.BytesIO(wav)) as w:
+        first = np.frombuffer(w.readframes(1), dtype="<i2")
+    return round(float(first[0]) / 32767 * 100) - 1 if first.size else -1
+
+
+def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], bytes | None]:
+    msg = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+    fields: dict[str, str] = {}
+    audio = None
+    for part in msg.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True) or b""
+        if name == "file":
+            audio = payload
+        elif name:
+            fields[str(name)] = payload.decode()
+    return fields, audio
+
+
+class FakeEndpoint:
+    def __init__(self, upstream: str | None = None, model: str = "fake-whisper") -> None:
+        self.script: deque[str] = deque()
+        self.script_min_seconds = 0.0
+        """Shorter clips (a live session's early partials) get `default` and leave the script alone."""
+        self.default = "ok"
+        self.health_status = 200
+        self.model = model
+        self.upstream = upstream.rstrip("/") if upstream else None
+        self.log: list[dict[str, Any]] = []
+        self.health_checks = 0
+        self._held = threading.Event()
+        self._lock = threading.Lock()
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    with endpoint._lock:
+                        endpoint.health_checks += 1
+                if endpoint.upstream is not None and endpoint.health_status == 200:
+                    with httpx.Client(timeout=30) as client:
+                        r = client.get(endpoint.upstream + self.path,
+                                       headers={k: v for k, v in self.headers.items() if k.lower() == "authorization"})
+                    self._json(r.status_code, r.json())
+                elif self.path == "/health":
+                    self._json(endpoint.health_status, {"ok": endpoint.health_status == 200})
+                elif self.path == "/v1/models":
+                    self._json(200, {"object": "list", "data": [{"id": endpoint.model, "object": "model"}]})
+                else:
+                    self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                fields, wav = _multipart(self.headers.get("content-type", ""), body)
+                seconds = _seconds(wav) if wav else 0.0
+                with endpoint._lock:
+                    scripted = endpoint.script and seconds >= endpoint.script_min_seconds
+                    behaviour = endpoint.script.popleft() if scripted else endpoint.default
+                    entry = {"t": time.monotonic(), "path": self.path, "behaviour": behaviour, "fields": fields,
+                             "segment": _segment_id(wav) if wav else None, "port": self.client_address[1],
+                             "digest": hashlib.sha1(wav or b"").hexdigest()[:12], "seconds": seconds,
+                             "auth": self.headers.get("authorization")}
+                    endpoint.log.append(entry)
+                endpoint.on_request(self, behaviour, entry, body)
+
+            def _json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that gave up on a slow reply: expected here
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    # -- behaviours
+    def on_request(self, h: Any, behaviour: str, entry: dict[str, Any], body: bytes) -> None:
+        name, _, arg = behaviour.partition(":")
+        if name == "hold":
+            self._held.wait(30)
+            name = "ok"
+        if name == "slow":
+            time.sleep(float(arg))
+            name = "ok"
+        if name == "ok":
+            if self.upstream is not None:
+                self._forward(h, entry, body)
+            else:
+                h._json(200, {"text": f"segment {entry['segment']}"})
+        elif name in ("500", "503"):
+            h._json(int(name), {"error": {"message": f"injected {name}", "type": "server_error", "code": None}})
+        elif name == "429":
+            h._json(429, {"error": {"message": "slow down", "type": "rate_limit", "code": None}},
+                    {"Retry-After": arg})
+        elif name == "drop":
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+        elif name == "badjson":
+            data = b'{"text": "segment'
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data)
+        elif name.startswith("sse-"):
+            h.close_connection = True
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.send_header("Connection", "close")
+            h.end_headers()
+            words = SSE_WORDS[:2] if name == "sse-drop" else SSE_WORDS
+            for w in words:
+                if name == "sse-openai":
+                    event = {"type": "transcript.text.delta", "delta": w}
+                else:
+                    event = {"id": "trsc-1", "object": "transcription.chunk", "choices": [{"delta": {"content": w}}]}
+                h.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                h.wfile.flush()
+                time.sleep(0.05)
+            if name == "sse-drop":
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if name == "sse-openai":
+                h.wfile.write(f"data: {json.dumps({'type': 'transcript.text.done', 'text': ''.join(SSE_WORDS)})}\n\n"
+                              .encode())
+            else:
+                h.wfile.write(b"data: [DONE]\n\n")
+            h.wfile.flush()
+        else:
+            raise ValueError(f"unknown behaviour {behaviour}")
+
+    def _forward(self, h: Any, entry: dict[str, Any], body: bytes) -> None:
+        headers = {k: v for k, v in h.headers.items() if k.lower() in ("content-type", "authorization")}
+        with httpx.Client(timeout=60) as client:
+            r = client.post(self.upstream + h.path, content=body, headers=headers)
+        entry["forwarded"] = r.status_code
+        h.send_response(r.status_code)
+        h.send_header("Content-Type", r.headers.get("content-type", "application/json"))
+        h.send_header("Content-Length", str(len(r.content)))
+        h.end_headers()
+        h.wfile.write(r.content)
+
+    # -- control
+    def hold_next(self) -> None:
+        """The next scripted request waits until `release()`."""
+        self._held.clear()
+        self.script.append("hold")
+
+    def release(self) -> None:
+        self._held.set()
+
+    def down(self) -> None:
+        """Health checks fail and every request gets a 500."""
+        self.health_status, self.default = 503, "500"
+
+    def up(self) -> None:
+        self.health_status, self.default = 200, "ok"
+
+    def requests(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.log)
+
+    def close(self) -> None:
+        self._held.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,393 @@
+"""The remote engine against real HTTP servers on loopback: another instance of the app, and an endpoint that
+misbehaves on command (tests/endpoints.py). Nothing is mocked: every request crosses a socket."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from endpoints import SSE_WORDS, FakeEndpoint, segment_audio
+from test_stream import check_events
+
+from realtime.client import stream_file
+from realtime.config import parse_settings
+from realtime.engines import TranscribeOptions, create_engine
+from realtime.engines.remote import HF, OPENAI, EndpointUnavailable, RemoteEngine, parse_endpoint
+
+from conftest import ROOT, App, launch, stop
+from speech import SENTENCES, compose, sentence_audio, wer
+
+FINAL = TranscribeOptions()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[FakeEndpoint]:
+    ep = FakeEndpoint()
+    yield ep
+    ep.close()
+
+
+def run(coro):  # one event loop per test: the engine's client and tasks live in it
+    return asyncio.run(coro)
+
+
+async def started(*args, **kw) -> RemoteEngine:
+    engine = RemoteEngine(*args, **kw)
+    await engine.start()
+    return engine
+
+
+def test_url_styles():
+    hf = parse_endpoint("https://abc.us-east-1.aws.endpoints.huggingface.cloud")
+    assert (hf.style, hf.url) == (HF, "https://abc.us-east-1.aws.endpoints.huggingface.cloud/api/v1/audio/transcriptions")
+    hf2 = parse_endpoint("http://127.0.0.1:7860/api/v1/audio/transcriptions")
+    assert (hf2.style, hf2.health_url, hf2.translate_url) == (
+        HF, "http://127.0.0.1:7860/health", "http://127.0.0.1:7860/api/v1/audio/translations")
+    for raw in ("http://gpu:8000", "http://gpu:8000/v1", "http://gpu:8000/v1/audio/transcriptions"):
+        ep = parse_endpoint(raw)
+        assert (ep.style, ep.url, ep.models_url) == (OPENAI, "http://gpu:8000/v1/audio/transcriptions",
+                                                     "http://gpu:8000/v1/models")
+    with pytest.raises(ValueError):
+        parse_endpoint("ftp://x")
+
+
+def test_openai_style_gets_model_hf_style_bare_file_token_from_env(endpoint, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    settings = parse_settings(["--engine", "remote", "--remote-url",
+                               f"{endpoint.url}/v1/audio/transcriptions,{endpoint.url}/api/v1/audio/transcriptions"])
+
+    async def scenario():
+        engine = create_engine(settings)
+        await engine.start()
+        try:
+            # least in flight, ties in turn: the two URLs take one request each
+            return await engine.transcribe_batch([segment_audio(1), segment_audio(2)], [FINAL, FINAL])
+        finally:
+            await engine.close()
+
+    results = run(scenario())
+    assert [r.text for r in results] == ["segment 1", "segment 2"]
+    by_path = {e["path"]: e for e in endpoint.requests()}
+    assert by_path["/v1/audio/transcriptions"]["fields"] == {"model": "fake-whisper", "response_format": "json"}
+    assert by_path["/api/v1/audio/transcriptions"]["fields"] == {}
+    assert {e["auth"] for e in endpoint.requests()} == {"Bearer hf_from_env"}
+
+
+def test_retries_with_backoff_honouring_retry_after(endpoint):
+    endpoint.script.extend(["500", "429:1", "drop", "badjson", "503", "ok"])
+
+    async def scenario():
+        engine = await started([endpoint.url], retries=5, failure_threshold=10, backoff_base=0.1)
+        try:
+            return await engine.transcribe(segment_audio(7), FINAL)
+        finally:
+            await engine.close()
+
+    result = run(scenario())
+    log = endpoint.requests()
+    assert result.text == "segment 7" and result.extra["attempts"] == 6
+    assert [e["behaviour"] for e in log] == ["500", "429:1", "drop", "badjson", "503", "ok"]
+    assert all(e["segment"] == 7 for e in log)
+    gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(log)]
+    assert gaps[1] >= 1.0, "Retry-After: 1 was not honoured"
+    for i, gap in enumerate(gaps):  # exponential backoff: at least half of each doubling step
+        assert gap >= 0.05 * 2**i * 0.95, gaps
+
+
+def test_slow_reply_times_out_and_is_retried_once(endpoint):
+    endpoint.script.extend(["slow:3", "ok"])
+
+    async def scenario():
+        engine = await started([endpoint.url], timeout=0.5, retries=2, backoff_base=0.05)
+        try:
+            return await engine.transcribe(segment_audio(4), FINAL)
+        finally:
+            await engine.close()
+
+    result = run(scenario())
+    assert result.text == "segment 4" and result.extra["attempts"] == 2
+    first, second = endpoint.requests()
+    assert second["t"] - first["t"] < 3.0, "the retry went out only after the slow reply instead of timing out"
+
+
+def test_partials_are_tried_once_and_never_sent_to_the_fallback(endpoint, engine):
+    endpoint.script.extend(["500", "ok"])
+
+    async def scenario():
+        remote = await started([endpoint.url], fallback=engine, backoff_base=0.02)
+        try:
+            with pytest.raises(EndpointUnavailable):
+                await remote.transcribe(segment_audio(5), TranscribeOptions(partial=True))
+            final = await remote.transcribe(segment_audio(5), FINAL)
+            return final, remote.fallback_requests
+        finally:
+            remote.fallback = None  # the session's embedded engine stays loaded for other tests
+            await remote.close()
+
+    final, fallback_requests = run(scenario())
+    assert final.text == "segment 5" and fallback_requests == 0 and len(endpoint.requests()) == 2
+
+
+def test_keepalive_connections_are_reused(endpoint):
+    async def scenario():
+        engine = await started([endpoint.url])
+        try:
+            return [(await engine.transcribe(segment_audio(i), FINAL)).text for i in range(8)]
+        finally:
+            await engine.close()
+
+    assert run(scenario()) == [f"segment {i}" for i in range(8)]
+    assert len({e["port"] for e in endpoint.requests()}) == 1  # one pooled connection for 8 requests
+
+
+def test_circuit_opens_fails_fast_then_reprobes(endpoint):
+    async def scenario():
+        engine = await started([endpoint.url], retries=6, failure_threshold=3, cooldown=0.3, backoff_base=0.02)
+        endpoint.down()  # started healthy; now every request and health check fails
+        try:
+            with pytest.raises(EndpointUnavailable) as first:
+                await engine.transcribe(segment_audio(1), FINAL)
+            after_open = len(endpoint.requests())
+            assert first.value.retry_after >= 1
+            info = engine.describe()
+            assert info["endpoints"][0]["healthy"] is False and info["ready"] is False
+            with pytest.raises(EndpointUnavailable):
+                await engine.transcribe(segment_audio(2), FINAL)
+            assert len(endpoint.requests()) == after_open, "an open circuit must not send requests"
+            checks = endpoint.health_checks
+            endpoint.up()
+            for _ in range(100):
+                if engine.describe()["endpoints"][0]["healthy"]:
+                    break
+                await asyncio.sleep(0.05)
+            result = await engine.transcribe(segment_audio(3), FINAL)
+            return after_open, checks, result
+        finally:
+            await engine.close()
+
+    after_open, checks, result = run(scenario())
+    assert after_open == 3, "the circuit opens after 3 consecutive failures, not after all 7 attempts"
+    assert endpoint.health_checks > checks  # re-probed
+    assert result.text == "segment 3"
+
+
+def test_fallback_to_embedded_when_told_to_and_back(endpoint, engine, speech_dir):
+    cache = speech_dir / ".speech-cache"
+    cache.mkdir(exist_ok=True)
+    audio = np.concatenate([np.zeros(4800, np.float32), sentence_audio(SENTENCES[6], cache),
+                            np.zeros(4800, np.float32)])
+    endpoint.down()
+
+    async def scenario():
+        without = await started([endpoint.url], cooldown=0.3)
+        with pytest.raises(EndpointUnavailable):
+            await without.transcribe(audio, FINAL)
+        await without.close()
+        remote = await started([endpoint.url], cooldown=0.3, fallback=engine)
+        try:
+            info = remote.describe()
+            assert info["in_use"] == "fallback" and "fallback" in info["model"] and info["ready"]
+            text = (await remote.transcribe(audio, FINAL)).text
+            endpoint.up()
+            for _ in range(100):
+                if remote.describe()["in_use"] == "remote":
+                    break
+                await asyncio.sleep(0.05)
+            back = await remote.transcribe(audio, FINAL)
+            return text, back, remote.describe()
+        finally:
+            remote.fallback = None  # the session's embedded engine stays loaded for other tests
+            await remote.close()
+
+    text, back, info = run(scenario())
+    assert wer(SENTENCES[6], text) <= 0.2
+    assert back.text.startswith("segment") and info["in_use"] == "remote" and info["fallback_requests"] == 1
+
+
+def test_no_segment_lost_or_duplicated_under_faults(endpoint):
+    rng = random.Random(4)
+    faults = ["500", "429:0.2", "drop", "badjson", "slow:2.5", "503"]
+    endpoint.script.extend(rng.choice(faults) if rng.random() < 0.4 else "ok" for _ in range(200))
+    n = 30
+
+    async def scenario():
+        engine = await started([endpoint.url], timeout=1.0, retries=8, failure_threshold=50, backoff_base=0.02,
+                               max_in_flight=6)
+        try:
+            return await engine.transcribe_batch([segment_audio(i) for i in range(n)], [FINAL] * n)
+        finally:
+            await engine.close()
+
+    results = run(scenario())
+    assert [getattr(r, "text", r) for r in results] == [f"segment {i}" for i in range(n)]
+    log = endpoint.requests()
+    injected = [e for e in log if e["behaviour"] != "ok"]
+    assert len(injected) >= 10 and {e["behaviour"].split(":")[0] for e in injected} >= {"500", "drop", "badjson"}
+    assert sorted(e["segment"] for e in log if e["behaviour"] == "ok") == list(range(n))  # one good reply each
+
+
+def test_several_urls_least_in_flight_skip_unhealthy_and_reprobe():
+    a, b = FakeEndpoint(), FakeEndpoint()
+    try:
+        async def scenario():
+            engine = await started([a.url, b.url], cooldown=0.3, failure_threshold=2, backoff_base=0.02)
+            try:
+                a.default = b.default = "slow:0.3"
+                await engine.transcribe_batch([segment_audio(i) for i in range(8)], [FINAL] * 8)
+                spread = (len(a.requests()), len(b.requests()))
+                a.down()
+                out = await engine.transcribe_batch([segment_audio(i) for i in range(10)], [FINAL] * 10)
+                healthy = [ep["healthy"] for ep in engine.describe()["endpoints"]]
+                b_before = len(b.requests())
+                a_before = len(a.requests())
+                a.up()
+                b.default = "ok"
+                for _ in range(100):
+                    if engine.describe()["endpoints"][0]["healthy"]:
+                        break
+                    await asyncio.sleep(0.05)
+                await engine.transcribe_batch([segment_audio(i) for i in range(8)], [FINAL] * 8)
+                return spread, out, healthy, (len(a.requests()) - a_before, len(b.requests()) - b_before)
+            finally:
+                await engine.close()
+
+        spread, out, healthy, later = run(scenario())
+        assert spread == (4, 4), "8 concurrent requests spread evenly over 2 endpoints"
+        assert [r.text for r in out] == [f"segment {i}" for i in range(10)], "failed requests moved to the other"
+        assert healthy == [False, True]
+        assert later[0] >= 2 and later[1] >= 2, f"the re-probed endpoint takes traffic again: {later}"
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("kind", ["sse-vllm", "sse-openai", "sse-drop"])
+def test_streamed_replies_surface_as_deltas(endpoint, kind):
+    endpoint.script.extend([kind, "sse-vllm"])  # sse-drop: the stream breaks, the retry streams again
+
+    async def scenario():
+        engine = await started([endpoint.url], stream=True, backoff_base=0.02)
+        try:
+            deltas = [d async for d in engine.transcribe_stream(segment_audio(0), FINAL)]
+            endpoint.script.extend([kind, "sse-vllm"])
+            whole = await engine.transcribe(segment_audio(0), FINAL)
+            return deltas, whole
+        finally:
+            await engine.close()
+
+    deltas, whole = run(scenario())
+    assert deltas == SSE_WORDS, "each delta once, in order, even across a retry"
+    assert whole.text == "".join(SSE_WORDS).strip()
+    assert endpoint.requests()[0]["fields"]["stream"] == "true"
+
+
+# -- a second instance of the app with --engine remote pointed at the first
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    app = launch(tmp_path_factory.mktemp("upstream"), "--api-key", "sekret")
+    yield app
+    stop(app)
+
+
+def test_live_webrtc_through_a_remote_engine_and_a_faulty_proxy(upstream, tmp_path, speech_dir):
+    proxy = FakeEndpoint(upstream=upstream.url)
+    # each final meets faults before it gets through (never 3 in a row, so the circuit stays closed). Partials
+    # come only at the start of each segment here (a long partial interval) and are shorter than any final,
+    # so the scripted faults land on finals, the requests that must never be lost
+    proxy.script.extend(["500", "ok", "429:1", "ok", "drop", "badjson", "ok"])
+    proxy.script_min_seconds = 2.0
+    app = launch(tmp_path, "--engine", "remote", "--remote-url", f"{proxy.url}/v1/audio/transcriptions",
+                 "--remote-token", "sekret", "--remote-fallback", "--partial-interval", "60",
+                 "--partial-interval-max", "60")
+    try:
+        health = app.health()
+        assert health["engine"] == "remote" and health["in_use"] == "remote"
+        assert "tiny.en" in health["model"] and health["fallback"] == "tiny.en (bundled)"
+        speech = compose(speech_dir / "remote-live.wav", SENTENCES[4:7], gaps=[1.2, 1.2], tail=0.5)
+        result = asyncio.run(stream_file(app.url, speech.path, ice_loopback=True))
+        finals = check_events(result.events)
+        assert [f["segment"] for f in finals] == [0, 1, 2], "a segment lost or duplicated"
+        assert wer(speech.text, " ".join(f["text"] for f in finals)) <= 0.2
+        assert any(e["type"] == "partial" for e in result.events)
+        log = proxy.requests()
+        assert all(e["auth"] == "Bearer sekret" and e["fields"]["model"] == "tiny.en (bundled)" for e in log)
+        finals_log = [e for e in log if e["seconds"] >= 2.0]
+        assert [e["behaviour"] for e in finals_log] == ["500", "ok", "429:1", "ok", "drop", "badjson", "ok"]
+        delivered = [e["digest"] for e in finals_log if e.get("forwarded") == 200]
+        assert len(delivered) == len(set(delivered)) == 3, "each segment reached the upstream exactly once"
+        assert {e["digest"] for e in finals_log} == set(delivered), "a faulted final was not retried to the end"
+        assert finals_log[3]["t"] - finals_log[2]["t"] >= 1.0, "Retry-After was not honoured"
+        assert app.health()["fallback_requests"] == 0
+
+        # the endpoint goes down: the fallback takes over, and health (and the page) say so
+        proxy.down()
+        for _ in range(60):
+            if app.health()["in_use"] == "fallback":
+                break
+            httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("a.wav", speech.path.read_bytes())},
+                       timeout=60)
+        health = app.health()
+        assert health["in_use"] == "fallback" and "fallback" in health["model"]
+        r = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("a.wav", speech.path.read_bytes())},
+                       timeout=60)
+        assert r.status_code == 200 and wer(speech.text, r.json()["text"]) <= 0.2
+        proxy.up()
+        for _ in range(100):
+            if app.health()["in_use"] == "remote":
+                break
+            time.sleep(0.2)
+        assert app.health()["in_use"] == "remote"
+    finally:
+        stop(app)
+        proxy.close()
+
+
+def test_cli_transcribes_through_a_remote_endpoint(upstream, speech_dir):
+    speech = compose(speech_dir / "remote-cli.wav", SENTENCES[1:3], gaps=[1.0])
+    env = {"PATH": "/usr/bin:/bin", "HF_TOKEN": "sekret", "HF_HUB_OFFLINE": "1"}
+    ok = subprocess.run([sys.executable, "-m", "realtime", "transcribe", "--engine", "remote", "--remote-url",
+                         f"{upstream.url}/api/v1/audio/transcriptions", str(speech.path), "--format", "json"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert wer(speech.text, json.loads(ok.stdout)["text"]) <= 0.15
+    bad = subprocess.run([sys.executable, "-m", "realtime", "transcribe", "--engine", "remote", "--remote-url",
+                          f"{upstream.url}/v1/audio/transcriptions", str(speech.path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env={**env, "HF_TOKEN": "wrong"})
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("error: ") and "refused the token" in bad.stderr
+
+
+def test_streamed_deltas_become_live_partial_text(endpoint):
+    """A partial job with on_text sees the hypothesis grow delta by delta (the page shows it as it comes)."""
+    from realtime.worker import Job, Worker
+
+    endpoint.script.extend(["sse-vllm"])
+
+    async def scenario():
+        engine = await started([endpoint.url], stream=True, backoff_base=0.02)
+        worker = Worker(engine, batch_size=2)
+        worker.start()
+        seen: list[str] = []
+        try:
+            job = Job("s", 0, segment_audio(0), "partial", TranscribeOptions(partial=True), on_text=seen.append)
+            result = await worker.submit(job)
+            return seen, result
+        finally:
+            await worker.stop()
+            await engine.close()
+
+    seen, result = run(scenario())
+    expected = list(itertools.accumulate(SSE_WORDS))
+    assert seen == [t.strip() for t in expected]
+    assert result.text == "".join(SSE_WORDS).strip()
