@@ -168,7 +168,7 @@ def _hf_checkpoint(out: Path) -> tuple[Path | None, str]:
         return None, f"unavailable: {exc}"
     target = out / "hf-tiny.en"
     if not (target / "config.json").exists():
-        convert(_bundled_model(), target)
+        convert(_bundled_model(), target, dtype="float32")
     return target, ""
 
 

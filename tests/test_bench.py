@@ -1,0 +1,41 @@
+"""The benchmark commands run end to end on a short input and write their JSON, table and chart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "realtime", "bench", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_bench_file_compares_all_pipelines_in_one_run(tmp_path):
+    out = bench("file", "--minutes", "0.4", "--runs", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "bench-file.json").read_text())
+    names = [r["name"] for r in doc["results"]]
+    for prefix in ("realtime", "faster-whisper (", "faster-whisper batched", "transformers"):
+        assert any(n.startswith(prefix) for n in names), names
+    for r in doc["results"]:
+        assert r["rtfx"] > 0 and r["wer"] <= 0.3, r
+    base = next(r for r in doc["results"] if r["name"].startswith("faster-whisper ("))
+    assert base["vs_faster_whisper"] == 1.0
+    assert (tmp_path / "bench-file.md").read_text().count("|") > 20
+    assert (tmp_path / "bench-file.png").stat().st_size > 1000
+
+
+def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
+    out = bench("stream", "--clients", "1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "bench-stream.json").read_text())
+    row = doc["results"][0]
+    assert row["clients"] == 1 and row["lost_segments"] == 0 and row["failed_clients"] == 0
+    assert 0 < row["final_p50"] <= row["final_p95"] <= row["final_max"]
+    assert row["first_partial_p50"] > 0 and row["wer"] <= 0.3
+    assert doc["idle"]["idle_session_core_pct"] >= 0
+    assert (tmp_path / "bench-stream.png").stat().st_size > 1000
