@@ -18,6 +18,7 @@ import numpy as np
 from .audio import SAMPLE_RATE
 
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
+QUIET_ENERGY = WINDOW * 1e-6  # sum of squares of a window at -60 dBFS RMS
 _CONTEXT = 64
 
 
@@ -157,6 +158,7 @@ class Segmenter:
         self._pending = np.zeros(0, dtype=np.float32)
         self._preroll = np.zeros(0, dtype=np.float32)
         self.samples = 0  # samples processed through the model
+        self._quiet = False
         self._next_index = 0
         self._reset_segment()
 
@@ -218,8 +220,19 @@ class Segmenter:
             self._close(end, events)
         return events
 
+    def _probability(self, window: np.ndarray) -> float:
+        """Silero's speech probability; near-silent windows (below -60 dBFS) skip the model while no segment
+        is open, and the model then starts again from a fresh state, as at the start of a stream."""
+        if not self.active and float(np.dot(window, window)) < QUIET_ENERGY:
+            if not self._quiet:
+                self.state = self.model.new_state()
+                self._quiet = True
+            return 0.0
+        self._quiet = False
+        return self.model(window, self.state)
+
     def _step(self, window: np.ndarray, events: list[VADEvent]) -> None:
-        p = self.model(window, self.state)
+        p = self._probability(window)
         pos = self.samples
         self.samples += WINDOW
         cfg = self.config
