@@ -143,7 +143,8 @@ def locate(src: str | os.PathLike[str]) -> Source:
                 f"({pattern.format(n=1).replace('_', '-')}, {pattern.format(n=2).replace('_', '-')}, ...)"
             )
         _check_files(first_dir)
-        return Source(tuple(parts[k] for k in expected), first_dir, re.sub(r"(_part|_)\d+$", "", first_module))
+        name = re.sub(r"(_part|_)\d+$", "", first_module).replace("_", "-")
+        return Source(tuple(parts[k] for k in expected), first_dir, name)
     raise ConversionError(f"{src}: neither a CTranslate2 model directory nor an installed model package")
 
 
