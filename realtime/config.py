@@ -136,16 +136,6 @@ class Settings:
             max_segment_s=self.max_segment_s,
         )
 
-    def ice_servers(self) -> list[dict[str, Any]]:
-        servers: list[dict[str, Any]] = []
-        stun = [u.strip() for u in self.stun_urls.split(",") if u.strip()]
-        if stun:
-            servers.append({"urls": stun})
-        turn = [u.strip() for u in self.turn_url.split(",") if u.strip()]
-        if turn:
-            servers.append({"urls": turn, "username": self.turn_username, "credential": self.turn_credential})
-        return servers
-
 
 def env_name(name: str) -> str:
     return f"REALTIME_{name.upper()}"

@@ -120,8 +120,8 @@ class EmbeddedEngine:
             raise EngineError(f"cannot load Whisper model {self.model_name!r}: {exc}") from exc
         self._multilingual = bool(self._model.model.is_multilingual)
         # warm-up: the first call pays for allocations and kernel selection
-        self._run(np.zeros(16000, dtype=np.float32) + 0.01 * np.sin(np.arange(16000) / 5.0).astype(np.float32),
-                  TranscribeOptions(partial=True))
+        tone = (0.01 * np.sin(np.arange(16000) / 5.0)).astype(np.float32)
+        self.transcribe_sync(tone, TranscribeOptions(partial=True))
         log.info("embedded engine ready: %s %s on %s in %.1fs", self.model_name, self.compute_type, self.device,
                  time.perf_counter() - t0)
 
@@ -141,12 +141,6 @@ class EmbeddedEngine:
 
     def transcribe_sync(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         self.load()
-        result = self._run_batch([audio], [options])[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    def _run(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         result = self._run_batch([audio], [options])[0]
         if isinstance(result, BaseException):
             raise result
