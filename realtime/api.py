@@ -15,8 +15,8 @@ against Content-Length first and enforced while reading). The file is decoded as
 pipeline's VAD in a thread, and the segments go through `engine.transcribe_batch` in batches, in order
 (realtime/transcribe.py); live sessions' finals go first. Errors use OpenAI's shape
 `{"error": {"message", "type", "code"}}`: 400 undecodable or empty audio, 401 missing or wrong key
-(`--api-key`), 413 too large, 415 not audio, 422 bad field, 503 with Retry-After when the engine is not
-ready, unavailable or too busy (`--api-max-requests`).
+(`--api-key`), 405 wrong method (with `Allow`), 413 too large, 415 not audio, 422 bad field, 503 with
+Retry-After when the engine is not ready, unavailable or too busy (`--api-max-requests`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -442,6 +442,21 @@ def create_router(service: TranscriptionService) -> APIRouter:
             "owned_by": "realtime-transcription", "engine": info.get("engine"), "ready": bool(info.get("ready", True)),
         }]})
 
+    # Another method on these routes would fall through to the page's catch-all mount (a 404 in another
+    # shape): answer 405 in OpenAI's shape, with the methods that are allowed.
+    def wrong_method(allowed: str) -> Callable[[Request], Awaitable[Response]]:
+        async def refuse(request: Request) -> Response:
+            return APIError(405, f"{request.method} is not allowed on {request.url.path}; use {allowed}",
+                            "method_not_allowed", headers={"Allow": allowed}).response()
+
+        return refuse
+
+    for path in ("/v1/audio/transcriptions", "/api/v1/audio/transcriptions", "/v1/audio/translations",
+                 "/api/v1/audio/translations"):
+        router.add_api_route(path, wrong_method("POST"), methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                             include_in_schema=False)
+    router.add_api_route("/v1/models", wrong_method("GET"), methods=["POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                         include_in_schema=False)
     return router
 
 

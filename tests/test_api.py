@@ -211,6 +211,24 @@ def test_other_refusals(api, speech):
     assert api.health()["ready"]  # and the server is fine
 
 
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", "/v1/audio/transcriptions", "POST"),
+    ("PUT", "/api/v1/audio/transcriptions", "POST"),
+    ("DELETE", "/v1/audio/translations", "POST"),
+    ("GET", "/api/v1/audio/translations", "POST"),
+    ("POST", "/v1/models", "GET"),
+])
+def test_wrong_method_gets_405_in_openai_shape(api, method, path, allowed):
+    r = httpx.request(method, api.url + path, timeout=10)
+    assert r.status_code == 405 and r.headers["allow"] == allowed, r.text
+    err = error_of(r)
+    assert err["code"] == "method_not_allowed" and err["type"] == "invalid_request_error"
+    assert method in err["message"] and path in err["message"]
+    if allowed == "POST":
+        head = httpx.head(api.url + path, timeout=10)
+        assert head.status_code == 405 and head.headers["allow"] == "POST"
+
+
 # -- memory: uploads and long files never sit in the server's memory whole
 
 
