@@ -71,13 +71,15 @@ def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], bytes | 
 
 
 class FakeEndpoint:
-    def __init__(self, upstream: str | None = None, model: str = "fake-whisper") -> None:
+    def __init__(self, upstream: str | None = None, model: str = "fake-whisper", owner: str = "fake") -> None:
         self.script: deque[str] = deque()
         self.script_min_seconds = 0.0
         """Shorter clips (a live session's early partials) get `default` and leave the script alone."""
         self.default = "ok"
         self.health_status = 200
         self.model = model
+        self.owner = owner
+        """`owned_by` in /v1/models ("vllm" makes it look like vLLM's server)."""
         self.upstream = upstream.rstrip("/") if upstream else None
         self.log: list[dict[str, Any]] = []
         self.health_checks = 0
@@ -103,7 +105,8 @@ class FakeEndpoint:
                 elif self.path == "/health":
                     self._json(endpoint.health_status, {"ok": endpoint.health_status == 200})
                 elif self.path == "/v1/models":
-                    self._json(200, {"object": "list", "data": [{"id": endpoint.model, "object": "model"}]})
+                    self._json(200, {"object": "list", "data": [{"id": endpoint.model, "object": "model",
+                                                             "owned_by": endpoint.owner}]})
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 

@@ -290,6 +290,29 @@ def test_streamed_replies_surface_as_deltas(endpoint, kind):
     assert endpoint.requests()[0]["fields"]["stream"] == "true"
 
 
+def test_prompt_is_sent_but_not_to_vllms_server():
+    """vLLM's server writes <|prev|> before a prompt (vllm#53206) and Whisper loops: it gets none (the real
+    server is in test_remote_vllm.py)."""
+    other, vllm = FakeEndpoint(), FakeEndpoint(owner="vllm")
+
+    async def scenario():
+        for ep in (other, vllm, vllm):
+            engine = await started([ep.url])
+            try:
+                await engine.transcribe(segment_audio(0), TranscribeOptions(prompt="Earlier text."))
+            finally:
+                await engine.close()
+
+    try:
+        run(scenario())
+        assert other.requests()[0]["fields"]["prompt"] == "Earlier text."
+        assert [e["fields"].get("prompt") for e in vllm.requests()] == [None, None]
+        assert [e["fields"]["model"] for e in (*other.requests(), *vllm.requests())] == ["fake-whisper"] * 3
+    finally:
+        other.close()
+        vllm.close()
+
+
 # -- a second instance of the app with --engine remote pointed at the first
 
 

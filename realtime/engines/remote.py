@@ -9,6 +9,9 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
   address) is a Hugging Face endpoint and gets the bare `file`; any other address is OpenAI-style
   (`/v1/audio/transcriptions` is appended to a base URL) and gets `model` (from `--remote-model` or the
   server's `/v1/models`), `response_format`, `language`, `prompt`, `temperature`.
+- vLLM's server (its `/v1/models` says `owned_by: vllm`) gets no `prompt`: it puts `<|prev|>`, which is no
+  Whisper token, before the prompt instead of `<|startofprev|>` (vllm#53206, open in 0.33), and Whisper then
+  loops on a word until the token limit. The prompt is dropped with a warning; the transcript stays right.
 - Connect and read timeouts; retries with exponential backoff and jitter on connection errors,
   timeouts, dropped connections, malformed replies, 429 and 5xx; `Retry-After` is honoured (the endpoint is
   not used again before then); a bound on requests in flight.
@@ -77,6 +80,9 @@ class Endpoint:
     health_url: str
     models_url: str
     model: str | None = None
+    """The model name the server lists first in /v1/models (used when --remote-model is not given)."""
+    owner: str | None = None
+    """`owned_by` of that /v1/models entry ("vllm" for vLLM's server); None until /v1/models answered."""
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
@@ -91,6 +97,7 @@ class Endpoint:
     """Retry-After of a 429/503: not used before this (monotonic)."""
     last_error: str | None = None
     picked: int = field(default=0, repr=False)
+    prompt_warned: bool = field(default=False, repr=False)
 
     def usable(self, now: float) -> bool:
         return self.state == "closed" and now >= self.blocked_until
@@ -321,13 +328,10 @@ class RemoteEngine:
         try:
             r = await self._client.get(ep.health_url, timeout=timeout)
             healthy = r.is_success
-            if r.status_code in (404, 405) or (ep.style == OPENAI and healthy and not (self.model or ep.model)):
-                m = await self._client.get(ep.models_url, timeout=timeout)
+            if r.status_code in (404, 405) or (ep.style == OPENAI and healthy and ep.owner is None):
+                m = await self._models(ep, timeout)
                 if r.status_code in (404, 405):
                     healthy = m.status_code < 500 and m.status_code != 429
-                if m.is_success and not (self.model or ep.model):
-                    with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
-                        ep.model = str(m.json()["data"][0]["id"])
             reason = f"health check answered {r.status_code}"
         except httpx.HTTPError as exc:
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -339,6 +343,20 @@ class RemoteEngine:
                 ep.cooldown = min(self.max_cooldown, ep.cooldown * 2)
             self._open(ep, reason, quiet=initial)
         return healthy
+
+    async def _models(self, ep: Endpoint, timeout: httpx.Timeout) -> httpx.Response:
+        """GET /v1/models: learns the model name to send (unless --remote-model) and who serves it."""
+        assert self._client is not None
+        m = await self._client.get(ep.models_url, timeout=timeout)
+        if m.is_success:
+            with contextlib.suppress(ValueError, KeyError, IndexError, TypeError, AttributeError):
+                entry = m.json()["data"][0]
+                if not self.model:
+                    ep.model = str(entry["id"])
+                ep.owner = str(entry.get("owned_by") or "")
+        elif m.status_code in (404, 405):
+            ep.owner = ""  # no model list there: do not ask again
+        return m
 
     async def _probe_loop(self) -> None:
         while True:
@@ -437,12 +455,20 @@ class RemoteEngine:
         data: dict[str, str] = {}
         stream = False
         if ep.style == OPENAI:
+            if ep.owner is None:  # /v1/models has not answered yet (say the server was still starting): ask first
+                with contextlib.suppress(httpx.HTTPError):
+                    await self._models(ep, httpx.Timeout(max(self.connect_timeout, 2.0)))
             data["model"] = self.model or ep.model or "whisper-1"
             data["response_format"] = "verbose_json" if options.timestamps else "json"
             language = options.language or self.language
             if language and options.task != "translate":
                 data["language"] = language
-            if options.prompt:
+            if options.prompt and ep.owner == "vllm":
+                if not ep.prompt_warned:
+                    ep.prompt_warned = True
+                    log.warning("%s is vLLM's server, which mangles Whisper prompts (<|prev|>, vllm#53206): "
+                                "prompts are not sent to it", ep.url)
+            elif options.prompt:
                 data["prompt"] = options.prompt
             if options.temperature is not None:
                 data["temperature"] = str(options.temperature)
