@@ -13,7 +13,7 @@ from .config import Settings, add_arguments, from_namespace
 
 ENGINE_FLAGS = ("engine", "model", "compute_type", "device", "cpu_threads", "beam_size", "language",
                 "vad_threshold", "vad_neg_threshold", "vad_min_speech_ms", "vad_min_silence_ms",
-                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s")
+                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s", "file_window_s")
 ENGINE_FLAGS += tuple(name for name in Settings.__dataclass_fields__ if name.startswith("vllm_"))
 ENGINE_FLAGS += ("remote_url", "remote_token", "remote_model", "remote_timeout", "remote_connect_timeout",
                  "remote_retries", "remote_max_in_flight", "remote_fallback", "remote_stream")
@@ -36,7 +36,8 @@ def _transcribe(args: argparse.Namespace) -> int:
             return 2
         for path in args.files:
             try:
-                entries = await transcribe_file(path, engine, settings.vad_config())
+                window = (settings.file_window_s or None) if args.format == "text" else None
+                entries = await transcribe_file(path, engine, settings.vad_config(), window_s=window)
             except AudioDecodeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 status = 2

@@ -265,8 +265,12 @@ def create_router(service: TranscriptionService) -> APIRouter:
                 raise engine_error(result)
             yield Entry(end.segment, end.start, end.end, result.text.strip()), result
 
+    def window(response_format: str) -> float | None:
+        """Text-only answers pack segments into windows; formats with per-segment times do not."""
+        return (settings.file_window_s or None) if response_format in ("json", "text") else None
+
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
-        segments = SegmentStream(path, settings.vad_config())
+        segments = SegmentStream(path, settings.vad_config(), window_s=window(params.response_format))
         entries: list[Entry] = []
         verbose: list[dict[str, Any]] = []
         language = options.language
@@ -308,7 +312,7 @@ def create_router(service: TranscriptionService) -> APIRouter:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         try:
-            segments = SegmentStream(path, settings.vad_config())
+            segments = SegmentStream(path, settings.vad_config())  # a delta per segment: no packing
             if getattr(engine, "streaming", False) and hasattr(engine, "transcribe_stream"):
                 async for end in segments:
                     await live_first()

@@ -107,7 +107,7 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None) -> d
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from .engines.embedded import EmbeddedEngine
-    from .transcribe import transcribe_file
+    from .transcribe import WINDOW_S, transcribe_file
 
     threads = os.cpu_count() or 1
     fw = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
@@ -116,7 +116,7 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None) -> d
     ours.load()
 
     def realtime_path(path: Path) -> str:
-        entries = asyncio.run(transcribe_file(path, ours))
+        entries = asyncio.run(transcribe_file(path, ours, window_s=WINDOW_S))
         return " ".join(e.text for e in entries if e.kind == "final")
 
     def fw_sequential(path: Path) -> str:

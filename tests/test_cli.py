@@ -32,6 +32,9 @@ def test_text_json_srt_vtt(speech):
     text = cli("transcribe", str(speech.path))
     assert text.returncode == 0, text.stderr
     assert wer(speech.text, text.stdout) <= 0.15
+    assert len(text.stdout.strip().splitlines()) == 1  # text packs the segments into one window
+    alone = cli("transcribe", str(speech.path), "--file-window-s", "0")
+    assert len(alone.stdout.strip().splitlines()) == 3 and wer(speech.text, alone.stdout) <= 0.15
 
     doc = json.loads(cli("transcribe", str(speech.path), "--format", "json").stdout)
     assert len(doc["segments"]) == 3

@@ -40,6 +40,7 @@ FINAL_TEMPERATURES = (0.0, 0.2, 0.4, 0.6)
 CONTEXT_MARGIN_FRAMES = 150  # encoder frames (10 ms each) of padding after the speech
 CONTEXT_STEP_FRAMES = 100
 MAX_FRAMES = 3000  # Whisper's 30 s window
+MAX_ENCODE_FRAMES = 6000  # frames per encoder call: a batch of 8 full windows is ~1.8x slower than 4 calls of 2
 MAX_PROMPT_TOKENS = 223
 TOKENS_PER_SECOND = 10  # generous bound on speech token rate; stops runaway (hallucinated) decoding early
 
@@ -179,7 +180,7 @@ class EmbeddedEngine:
 
     def _decode(self, audios: list[np.ndarray], options: TranscribeOptions) -> list[Transcription]:
         """Encode clips of at most 30 s with a short encoder context, then decode them as one batch."""
-        from faster_whisper.transcribe import get_compression_ratio, get_ctranslate2_storage, get_suppressed_tokens
+        from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
 
         t0 = time.perf_counter()
         m = self._model
@@ -187,7 +188,7 @@ class EmbeddedEngine:
         longest = max(f.shape[1] for f in feats)
         ctx = min(MAX_FRAMES, -(-(longest + CONTEXT_MARGIN_FRAMES) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
         batch = np.stack([np.pad(f[:, :ctx], ((0, 0), (0, ctx - min(ctx, f.shape[1])))) for f in feats])
-        encoded = m.model.encode(get_ctranslate2_storage(batch.astype(np.float32)), to_cpu=False)
+        encoded = self._encode(batch.astype(np.float32))
 
         language = options.language or self.language
         task = options.task if self._multilingual else "transcribe"
@@ -217,8 +218,7 @@ class EmbeddedEngine:
                 {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature}
                 if temperature > 0 else {"beam_size": beam}
             )
-            enc = encoded if len(idx) == len(audios) else m.model.encode(
-                get_ctranslate2_storage(np.ascontiguousarray(batch[idx]).astype(np.float32)), to_cpu=False)
+            enc = encoded if len(idx) == len(audios) else self._encode(np.ascontiguousarray(batch[idx]))
             longest = max(audios[i].size for i in idx) / 16000
             max_length = min(m.max_length, max(len(prompts[i]) for i in idx) + 10 + int(TOKENS_PER_SECOND * longest))
             return m.model.generate(enc, [prompts[i] for i in idx], max_length=max_length, return_scores=True,
@@ -253,6 +253,21 @@ class EmbeddedEngine:
                 break
         elapsed = time.perf_counter() - t0
         return [dataclasses.replace(t, engine_seconds=elapsed) for t in out if t is not None]
+
+    def _encode(self, features: np.ndarray) -> Any:
+        """The encoder's output for a batch of features, in calls of at most MAX_ENCODE_FRAMES frames (large
+        batches of long clips spend their time in attention matrices that no longer fit in cache)."""
+        import ctranslate2
+        from faster_whisper.transcribe import get_ctranslate2_storage
+
+        model = self._model.model
+        per = max(1, MAX_ENCODE_FRAMES // features.shape[2])
+        if per >= features.shape[0]:
+            return model.encode(get_ctranslate2_storage(features), to_cpu=False)
+        # np.array copies: a view would outlive the StorageView that owns the memory
+        parts = [np.array(model.encode(get_ctranslate2_storage(np.ascontiguousarray(features[i:i + per])),
+                                       to_cpu=True)) for i in range(0, features.shape[0], per)]
+        return ctranslate2.StorageView.from_array(np.concatenate(parts))
 
     def _transcribe_long(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         """faster-whisper's own long-form transcription (30 s windows, timestamps)."""

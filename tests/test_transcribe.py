@@ -1,0 +1,59 @@
+"""The file path (realtime/transcribe.py) with the real engine: packing segments into windows, chunked encoding."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from realtime.engines import TranscribeOptions
+from realtime.engines import embedded as embedded_module
+from realtime.transcribe import WINDOW_S, transcribe_file
+
+from speech import long_recording, wer
+
+
+@pytest.fixture(scope="module")
+def recording(speech_dir):
+    return long_recording(speech_dir / "two-minutes.wav", minutes=2)
+
+
+def test_windows_pack_segments_and_cut_errors(engine, recording):
+    per_segment = asyncio.run(transcribe_file(recording.path, engine))
+    windows = asyncio.run(transcribe_file(recording.path, engine, window_s=WINDOW_S))
+    seg_wer = wer(recording.text, " ".join(e.text for e in per_segment))
+    win_wer = wer(recording.text, " ".join(e.text for e in windows))
+    print(f"\n{len(per_segment)} segments WER {seg_wer:.3f}; {len(windows)} windows WER {win_wer:.3f}")
+    assert len(windows) * 3 <= len(per_segment)
+    assert [e.segment for e in windows] == list(range(len(windows)))
+    assert all(a.end <= b.start for a, b in itertools.pairwise(windows))
+    assert windows[0].start == per_segment[0].start and windows[-1].end == per_segment[-1].end
+    # neighbouring sentences give Whisper context: clearly fewer errors, and nothing dropped
+    assert win_wer <= seg_wer - 0.02, (seg_wer, win_wer)
+    assert win_wer <= 0.12
+
+
+def test_window_never_exceeds_its_length(engine, recording):
+    windows = asyncio.run(transcribe_file(recording.path, engine, window_s=9.0))
+    per_segment = asyncio.run(transcribe_file(recording.path, engine))
+    assert len(per_segment) > len(windows) > len(per_segment) // 3
+    # a window holds whole segments: its span starts and ends on segment boundaries
+    starts, ends = {e.start for e in per_segment}, {e.end for e in per_segment}
+    assert all(w.start in starts and w.end in ends for w in windows)
+
+
+def test_chunked_encoding_matches_one_call(engine, recording, monkeypatch):
+    """Long clips are encoded a few at a time (MAX_ENCODE_FRAMES); the text must equal one big encoder call."""
+    from realtime.audio import decode_file
+
+    audio = decode_file(recording.path)
+    clips = [audio[i * 16000 * 14:(i + 1) * 16000 * 14 + 16000 * 12] for i in range(5)]  # 26 s each
+    chunked = engine._run_batch(clips, [TranscribeOptions(temperature=0.0)] * len(clips))
+    monkeypatch.setattr(embedded_module, "MAX_ENCODE_FRAMES", 10 ** 9)
+    whole = engine._run_batch(clips, [TranscribeOptions(temperature=0.0)] * len(clips))
+    assert [r.extra["encoder_frames"] for r in chunked] == [2800] * 5
+    # batch shapes change int8 rounding a little, so the texts agree closely rather than exactly
+    for a, b in zip(chunked, whole, strict=True):
+        assert len(a.text.split()) > 30 and wer(b.text, a.text) <= 0.12, (b.text, a.text)
+    assert wer(" ".join(r.text for r in whole), " ".join(r.text for r in chunked)) <= 0.05
