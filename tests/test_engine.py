@@ -81,3 +81,13 @@ def test_bad_model_path_is_a_clear_error(tmp_path):
 def test_bad_input_raises_engine_error(engine):
     with pytest.raises(EngineError):
         engine.transcribe_sync(np.ones((3, 3, 3), dtype=np.float32), TranscribeOptions())
+
+
+def test_batches_split_between_the_two_workers_by_padded_work(engine):
+    from realtime.engines.embedded import _split
+
+    assert engine.workers == 2  # two CTranslate2 workers on a machine with two or more cores
+    assert _split([16000, 16000, 16000, 160000], [7, 8, 9, 10]) == ([7, 8, 9], [10])
+    assert _split([5, 1, 4, 2], [0, 1, 2, 3]) == ([1, 3], [2, 0])
+    first, second = _split([3] * 8, list(range(8)))
+    assert sorted(first + second) == list(range(8)) and len(first) == len(second) == 4
