@@ -128,8 +128,8 @@ class TranscriptionSession:
 
     def _maybe_partial(self) -> None:
         seg = self.segmenter
-        if not seg.announced or self._speculative is not None or self.worker.has_partial(self.id):
-            return
+        if not seg.announced or seg.paused or self.worker.has_partial(self.id):
+            return  # in a pause the speculative final is at most the after-padding away: leave it the engine
         now = self.clock()
         interval = min(self.partial_interval_max, max(self.partial_interval, 1.5 * self.worker.stats.engine_latency))
         if self.worker.pending_finals:

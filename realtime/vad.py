@@ -190,6 +190,11 @@ class Segmenter:
         """The open segment's audio (with leading padding); an unchanging view, no copy."""
         return self._buf.view() if self._buf is not None else np.zeros(0, dtype=np.float32)
 
+    @property
+    def paused(self) -> bool:
+        """Speech in the open segment has stopped (perhaps only for a moment)."""
+        return self._silence_from is not None
+
     def pending_end(self) -> tuple[int, float, np.ndarray] | None:
         """While speech has paused for at least the after-padding: (segment, end, audio) as the segment would
         close now. If the pause lasts `min_silence_ms`, the `SegmentEnd` carries exactly this end and audio."""

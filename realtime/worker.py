@@ -3,7 +3,8 @@
 Finals are never dropped and run before partials, in submission order (so each session's order is
 kept). A session has at most one pending partial: a newer one replaces it (coalescing), and pending
 partials wait while finals are queued, so under load partials thin out first. Engines that batch get
-up to `batch_size` jobs at once: finals first, partials of other sessions in the room left. Memory is bounded by
+up to `batch_size` jobs at once: finals together, or else partials of several sessions together (never
+mixed, so a final's latency is its own decode, not that of a batch of partials). Memory is bounded by
 `max_pending_audio_s`: a final over that bound is answered at once with an explicit overload error.
 """
 
@@ -151,10 +152,10 @@ class Worker:
             job = self._finals.popleft()
             self._pending_samples -= job.audio.size
             batch.append(job)
-        if not self._finals:
-            # partials fill what finals leave of a batch, oldest request first across sessions
-            room = self.batch_size - len(batch)
-            for job in sorted(self._partials.values(), key=lambda j: j.submitted)[:room]:
+        if not batch:
+            # partials never ride with finals (a final would wait for their encoding): a batch of them,
+            # oldest request first across sessions, when no final waits
+            for job in sorted(self._partials.values(), key=lambda j: j.submitted)[:self.batch_size]:
                 del self._partials[job.session]
                 batch.append(job)
         return batch
