@@ -531,7 +531,8 @@ def bench_quant(args: argparse.Namespace) -> dict[str, Any]:
             proc = subprocess.run([sys.executable, "-m", "realtime", "bench", "quant-one", model, ct, str(clips_path)],
                                   cwd=ROOT, capture_output=True, text=True)
             if proc.returncode != 0:
-                results.append({"model": name, "compute_type": ct, "error": proc.stderr.strip().splitlines()[-1:]})
+                last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+                results.append({"model": name, "compute_type": ct, "error": last.split(": ", 1)[-1].split(": ")[-1]})
                 continue
             results.append({"model": name, "compute_type": ct, **json.loads(proc.stdout.strip().splitlines()[-1])})
     audio_s = sum(c.size for c in clips.values()) / SAMPLE_RATE
