@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +100,7 @@ class SegmentStream:
             segmenter = Segmenter(self.vad)
             packer = _Packer(self.window_s) if self.window_s else None
 
-            def put(events: list[object]) -> bool:
+            def put(events: Iterable[object]) -> bool:
                 for event in events:
                     if isinstance(event, SegmentEnd):
                         for item in packer.add(event) if packer else [event]:
