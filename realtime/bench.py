@@ -116,8 +116,7 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None) -> d
     ours.load()
 
     def realtime_path(path: Path) -> str:
-        entries = asyncio.run(transcribe_file(path, ours, window_s=WINDOW_S))
-        return " ".join(e.text for e in entries if e.kind == "final")
+        return _final_text(asyncio.run(transcribe_file(path, ours, window_s=WINDOW_S)))
 
     def fw_sequential(path: Path) -> str:
         segments, _ = fw.transcribe(str(path), beam_size=1, language="en")
@@ -137,32 +136,32 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None) -> d
     return contenders
 
 
+def _final_text(entries: list[Any]) -> str:
+    return " ".join(e.text for e in entries if e.kind == "final")
+
+
 def _vllm_runs(path: Path, warm: Path, runs: int) -> tuple[list[float], str]:
-    """The vLLM engine (its own environment, the bundled tiny.en converted) on the file path, in one event loop:
-    started once, warmed up, then timed like the others. Raises EngineError when the environment is missing."""
+    """The vLLM engine (its own environment, the bundled tiny.en converted) on the file path: started once in an
+    event loop that every run reuses, then timed by `timed_runs` like the others. Raises EngineError when the
+    environment is missing."""
     from .config import Settings
     from .engines.vllm import VllmEngine, resolve_python
     from .transcribe import WINDOW_S, transcribe_file
 
     settings = Settings(engine="vllm")
     resolve_python(settings.vllm_python)
+    loop = asyncio.new_event_loop()
+    engine = VllmEngine(settings)
+    try:
+        loop.run_until_complete(engine.start())
 
-    async def go() -> tuple[list[float], str]:
-        engine = VllmEngine(settings)
-        await engine.start()
-        try:
-            await transcribe_file(warm, engine, window_s=WINDOW_S)
-            times, text = [], ""
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                entries = await transcribe_file(path, engine, window_s=WINDOW_S)
-                times.append(time.perf_counter() - t0)
-                text = " ".join(e.text for e in entries if e.kind == "final")
-            return times, text
-        finally:
-            await engine.close()
+        def run(p: Path) -> str:
+            return _final_text(loop.run_until_complete(transcribe_file(p, engine, window_s=WINDOW_S)))
 
-    return asyncio.run(go())
+        return timed_runs(lambda: run(path), runs, warmup=lambda: run(warm))
+    finally:
+        loop.run_until_complete(engine.close())
+        loop.close()
 
 
 def _transformers_runner(hf_dir: Path) -> Callable[[Path], str]:
@@ -208,7 +207,8 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
     else:
         speech = long_recording(out / "long.wav", minutes=args.minutes)
         path, reference = speech.path, speech.text
-    duration = decode_file(path).size / SAMPLE_RATE
+    audio = decode_file(path)
+    duration = audio.size / SAMPLE_RATE
     only = [o.strip().lower() for o in args.only.split(",")] if args.only else None
 
     def wanted(name: str) -> bool:
@@ -220,25 +220,23 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
     warm = out / "warmup.wav"
     import soundfile as sf
 
-    sf.write(str(warm), decode_file(path)[: 30 * SAMPLE_RATE], SAMPLE_RATE, subtype="PCM_16")
+    sf.write(str(warm), audio[: 30 * SAMPLE_RATE], SAMPLE_RATE, subtype="PCM_16")
+    del audio
+
+    def row(name: str, times: list[float], text: str) -> dict[str, Any]:
+        wall = statistics.median(times)
+        return {"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
+                "runs": [round(t, 2) for t in times], "wer": round(wer(reference, text), 4) if reference else None}
+
     for name, fn in contenders.items():
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        times, text = timed_runs(lambda fn=fn: fn(path), args.runs, warmup=lambda fn=fn: fn(warm))
-        wall = statistics.median(times)
-        results.append({"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
-                        "runs": [round(t, 2) for t in times], "wer": round(wer(reference, text), 4) if reference
-                        else None})
+        results.append(row(name, *timed_runs(lambda fn=fn: fn(path), args.runs, warmup=lambda fn=fn: fn(warm))))
     if hf_dir is None and wanted("transformers"):
         results.append({"name": "transformers", "rtfx": None, "wer": None, "note": why})
     if wanted("vllm"):
         print("running vllm ...", file=sys.stderr, flush=True)
-        name = "vllm (tiny.en converted, float32, VAD windows)"
         try:
-            times, text = _vllm_runs(path, warm, args.runs)
-            wall = statistics.median(times)
-            results.append({"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
-                            "runs": [round(t, 2) for t in times],
-                            "wer": round(wer(reference, text), 4) if reference else None})
+            results.append(row("vllm (tiny.en converted, float32, VAD windows)", *_vllm_runs(path, warm, args.runs)))
         except Exception as exc:  # the vLLM environment is optional for users
             results.append({"name": "vllm", "rtfx": None, "wer": None, "note": f"unavailable: {exc}"})
     base = next(r["rtfx"] for r in results if r["name"].startswith("faster-whisper (sequential"))

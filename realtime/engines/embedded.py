@@ -86,7 +86,7 @@ class EmbeddedEngine:
         self.beam_size = beam_size
         self.language = language
         self._model: Any = None
-        # one inference thread: CTranslate2 already uses every core for one request
+        # one thread runs batches; with two CTranslate2 workers a second one decodes the other half of each batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whisper")
         self._second = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whisper-2") if self.workers > 1 else None
         self._multilingual = True
