@@ -20,7 +20,7 @@ ENGINE_FLAGS += ("remote_url", "remote_token", "remote_model", "remote_timeout",
 
 
 def _transcribe(args: argparse.Namespace) -> int:
-    from .engines import create_engine
+    from .engines import TranscribeOptions, create_engine
     from .transcribe import transcribe_file
 
     settings = from_namespace(args)
@@ -36,8 +36,10 @@ def _transcribe(args: argparse.Namespace) -> int:
             return 2
         for path in args.files:
             try:
-                window = (settings.file_window_s or None) if args.format == "text" else None
-                entries = await transcribe_file(path, engine, settings.vad_config(), window_s=window)
+                # every format packs segments into windows; those with times ask for Whisper's timestamps
+                options = TranscribeOptions(language=settings.language, timestamps=args.format != "text")
+                window = settings.file_window_s or None if engine.timestamps or args.format == "text" else None
+                entries = await transcribe_file(path, engine, settings.vad_config(), options, window_s=window)
             except AudioDecodeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 status = 2

@@ -22,6 +22,7 @@ Retry-After when the engine is not ready, unavailable or too busy (`--api-max-re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -46,12 +47,13 @@ from . import transcript as fmt
 from .audio import AudioDecodeError
 from .engines import TranscribeOptions, Transcription
 from .service import TranscriptionService
-from .transcribe import SegmentStream, transcribe_results
+from .transcribe import SegmentStream, timed_entries, transcribe_results
 from .transcript import Entry
 
 log = logging.getLogger(__name__)
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+TIMED_FORMATS = ("verbose_json", "srt", "vtt")
 RAW_TYPES = ("audio/", "video/", "application/octet-stream")
 NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "application/zip",
                    "application/xml")
@@ -259,18 +261,23 @@ def create_router(service: TranscriptionService) -> APIRouter:
 
     async def results(path: Path, options: TranscribeOptions, segments: SegmentStream,
                       ) -> AsyncIterator[tuple[Entry, Transcription]]:
+        n = 0
         async for end, result in transcribe_results(path, service.engine, options=options, before_batch=live_first,
                                                     stream=segments):
             if isinstance(result, BaseException):
                 raise engine_error(result)
-            yield Entry(end.segment, end.start, end.end, result.text.strip()), result
-
-    def window(response_format: str) -> float | None:
-        """Text-only answers pack segments into windows; formats with per-segment times do not."""
-        return (settings.file_window_s or None) if response_format in ("json", "text") else None
+            for entry in timed_entries(end, result, n):
+                n += 1
+                yield entry, result
 
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
-        segments = SegmentStream(path, settings.vad_config(), window_s=window(params.response_format))
+        # segments are packed into windows; formats with times ask for Whisper's timestamps in them, or go
+        # segment by segment on engines that have none
+        window = settings.file_window_s or None
+        if params.response_format in TIMED_FORMATS:
+            options = dataclasses.replace(options, timestamps=True)
+            window = window if service.engine.timestamps else None
+        segments = SegmentStream(path, settings.vad_config(), window_s=window)
         entries: list[Entry] = []
         verbose: list[dict[str, Any]] = []
         language = options.language
@@ -312,7 +319,7 @@ def create_router(service: TranscriptionService) -> APIRouter:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         try:
-            segments = SegmentStream(path, settings.vad_config())  # a delta per segment: no packing
+            segments = SegmentStream(path, settings.vad_config(), window_s=settings.file_window_s or None)
             if getattr(engine, "streaming", False) and hasattr(engine, "transcribe_stream"):
                 async for end in segments:
                     await live_first()

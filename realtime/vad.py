@@ -18,7 +18,13 @@ import numpy as np
 from .audio import SAMPLE_RATE
 
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
-QUIET_ENERGY = WINDOW * 1e-6  # sum of squares of a window at -60 dBFS RMS
+QUIET_ENERGY = WINDOW * 1e-9  # sum of squares of a window at -90 dBFS RMS: digital silence, not a quiet voice
+LEVEL_TARGET = 0.1
+"""Silero hears a quiet voice raised so that the recent peak level reaches this."""
+LEVEL_FLOOR = 1e-3
+"""Peaks below this (-60 dBFS) are a noise floor, not raised."""
+LEVEL_MAX_GAIN = 30.0
+LEVEL_HALF_LIFE_S = 5.0
 _CONTEXT = 64
 
 
@@ -82,8 +88,9 @@ class VADConfig:
     """Speech starts when a window's probability reaches this."""
     neg_threshold: float = 0.35
     """Silence is counted once a window's probability falls below this (hysteresis)."""
-    min_speech_ms: int = 250
-    """Shorter bursts are dropped without a segment."""
+    min_speech_ms: int = 30
+    """Shorter bursts are dropped without a segment (creaky, whispered or falsetto speech may reach the
+    threshold for only a window or two; the engine's no-speech rule drops what is not speech)."""
     min_silence_ms: int = 400
     """Silence that closes a segment."""
     pad_before_ms: int = 200
@@ -117,6 +124,8 @@ class SegmentEnd:
     """The segment's audio including padding."""
     forced: bool = False
     """True when the segment was cut at the maximum length rather than at a pause."""
+    audio_start: float = 0.0
+    """Stream time of the first sample of `audio` (the padding before the speech included)."""
 
 
 VADEvent = SegmentStart | SegmentEnd
@@ -159,6 +168,8 @@ class Segmenter:
         self._preroll = np.zeros(0, dtype=np.float32)
         self.samples = 0  # samples processed through the model
         self._quiet = False
+        self._level = 0.0  # recent peak level: rises at once, falls with LEVEL_HALF_LIFE_S
+        self._level_decay = 0.5 ** (WINDOW / SAMPLE_RATE / LEVEL_HALF_LIFE_S)
         self._next_index = 0
         self._reset_segment()
 
@@ -226,7 +237,7 @@ class Segmenter:
         return events
 
     def _probability(self, window: np.ndarray) -> float:
-        """Silero's speech probability; near-silent windows (below -60 dBFS) skip the model while no segment
+        """Silero's speech probability; digitally silent windows (below -90 dBFS) skip the model while no segment
         is open, and the model then starts again from a fresh state, as at the start of a stream."""
         if not self.active and float(np.dot(window, window)) < QUIET_ENERGY:
             if not self._quiet:
@@ -234,7 +245,15 @@ class Segmenter:
                 self._quiet = True
             return 0.0
         self._quiet = False
-        return self.model(window, self.state)
+        return self.model(self._raised(window), self.state)
+
+    def _raised(self, window: np.ndarray) -> np.ndarray:
+        """The window as Silero should hear it: a quiet voice (laptop microphones without auto gain) raised by
+        the gain that brings the recent peak level to LEVEL_TARGET; the segment's audio itself is not changed."""
+        self._level = max(float(np.max(np.abs(window))), self._level * self._level_decay)
+        if self._level >= LEVEL_TARGET or self._level < LEVEL_FLOOR:
+            return window
+        return window * min(LEVEL_MAX_GAIN, LEVEL_TARGET / self._level)
 
     def _step(self, window: np.ndarray, events: list[VADEvent]) -> None:
         p = self._probability(window)
@@ -285,7 +304,8 @@ class Segmenter:
             cut = speech_end + (0 if forced else self._pad_after)
             audio = self._buf.view(0, cut - self._buf_origin)
             events.append(
-                SegmentEnd(self._index, self._speech_start / SAMPLE_RATE, speech_end / SAMPLE_RATE, audio, forced)
+                SegmentEnd(self._index, self._speech_start / SAMPLE_RATE, speech_end / SAMPLE_RATE, audio, forced,
+                           self._buf_origin / SAMPLE_RATE)
             )
         if self._pad_before:
             tail = self._buf.view()[-self._pad_before :]

@@ -9,8 +9,9 @@ import pytest
 
 from realtime.audio import decode_file
 from realtime.config import Settings
+from realtime.engines.policy import trim_loop
 from realtime.service import TranscriptionService
-from realtime.stabilize import LocalAgreement, trim_repetition
+from realtime.stabilize import LocalAgreement
 
 from speech import SENTENCES, compose, wer
 
@@ -132,11 +133,11 @@ def test_local_agreement_commits_what_two_hypotheses_share():
 
 
 def test_partials_are_cut_where_whisper_starts_over():
-    assert trim_repetition("We will meet at the library. We will meet at the library") == (
+    assert trim_loop("We will meet at the library. We will meet at the library") == (
         "We will meet at the library.")
-    assert trim_repetition("The quick drought... The quick drought... The quick") == "The quick drought..."
-    assert trim_repetition("one two three four five six") == "one two three four five six"
-    assert trim_repetition("it is what it is") == "it is what it is"
+    assert trim_loop("The quick drought... The quick drought... The quick") == "The quick drought..."
+    assert trim_loop("one two three four five six") == "one two three four five six"
+    assert trim_loop("it is what it is") == "it is what it is"
 
 
 def test_a_pause_shorter_than_min_silence_keeps_one_segment(service, speech_dir):

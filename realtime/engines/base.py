@@ -55,6 +55,9 @@ class EngineError(RuntimeError):
 class Engine(Protocol):
     name: str
     """Short engine kind, e.g. "embedded"."""
+    timestamps: bool
+    """Whether a request with `TranscribeOptions.timestamps` gets Whisper's timed pieces of the clip (else the
+    file path sends timed formats segment by segment, each segment one piece)."""
 
     async def start(self) -> None:
         """Load weights / connect; called once before the first request."""

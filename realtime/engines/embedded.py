@@ -4,10 +4,11 @@ With no model given it loads the Whisper tiny.en weights shipped by the `meeting
 so it works offline on a fresh machine. A faster-whisper size name, a hub id or a local CTranslate2
 directory can be given instead (hub models are downloaded by faster-whisper as usual).
 
-Speech segments (at most 30 s) take a fast path: the encoder sees only the clip plus a short margin
-instead of a 30 s window padded with silence (about 3x less work for a few seconds of speech, same
-WER on our test set), and clips from several sessions are encoded and decoded as one batch.
-Longer clips, and requests for timestamps, go through faster-whisper's own `transcribe`.
+Speech segments (at most 30 s) take a fast path: the encoder sees the clip plus a margin of silence instead of
+a whole 30 s window (less work for a few seconds of speech), and clips from several sessions are encoded and
+decoded as one batch. A decode the decoding policy (policy.py) rejects, a loop above all, is tried again at a
+higher temperature with the whole window, as Whisper was trained. Longer clips, and requests for timestamps,
+go through faster-whisper's own `transcribe` under the same policy.
 
 With two or more CPU threads the model runs as two CTranslate2 workers, each with half the threads, and a
 batch is split between them: Whisper's small matrices parallelise poorly inside one call (tiny.en decodes a
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import policy
 from .base import EngineError, TimedText, TranscribeOptions, Transcription
 
 if TYPE_CHECKING:
@@ -36,18 +38,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUNDLED = "bundled-tiny.en"
-SILENCE_PEAK = 1e-3  # below this peak amplitude a clip is digital silence: no model call
-NO_SPEECH_THRESHOLD = 0.6
-LOGPROB_THRESHOLD = -1.0
-COMPRESSION_RATIO_THRESHOLD = 2.4
-FINAL_TEMPERATURES = (0.0, 0.2, 0.4, 0.6)
-CONTEXT_MARGIN_FRAMES = 150  # encoder frames (10 ms each) of padding after the speech
+CONTEXT_MARGIN_FRAMES = 1000  # encoder frames (10 ms each) of silence after the speech of a short clip
+PARTIAL_MARGIN_FRAMES = 500  # the same for partials: cheaper, their words are replaced by the final's
 CONTEXT_STEP_FRAMES = 100
 MAX_FRAMES = 3000  # Whisper's 30 s window
-MAX_ENCODE_FRAMES = 6000  # frames per encoder call: a batch of 8 full windows is ~1.8x slower than 4 calls of 2
+MAX_ENCODE_FRAMES = 6000  # frames per encoder call: large batches of full windows spend their time in attention
 MAX_PROMPT_TOKENS = 223
-TOKENS_PER_SECOND = 10  # generous bound on speech token rate; stops runaway (hallucinated) decoding early
-
 
 def resolve_model(model: str | None) -> tuple[str, str]:
     """(what faster-whisper loads, a display name) for a --model value."""
@@ -67,6 +63,7 @@ def resolve_model(model: str | None) -> tuple[str, str]:
 
 class EmbeddedEngine:
     name = "embedded"
+    timestamps = True
     max_batch_size = 8
 
     def __init__(
@@ -159,11 +156,13 @@ class EmbeddedEngine:
         results: list[Transcription | BaseException | None] = [None] * len(audios)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
-            if audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK:
+            if policy.is_silent(audio):
                 results[i] = Transcription(text="", language=self.language, duration=audio.size / 16000)
-            elif opts.timestamps or audio.size > MAX_FRAMES * 160 - CONTEXT_MARGIN_FRAMES * 160:
+                continue
+            audios[i] = policy.normalise(audio)
+            if opts.timestamps or audio.size > MAX_FRAMES * 160:
                 try:
-                    results[i] = self._transcribe_long(audio, opts)
+                    results[i] = self._transcribe_long(audios[i], opts)
                 except Exception as exc:
                     results[i] = exc
             else:
@@ -194,17 +193,23 @@ class EmbeddedEngine:
 
         return Tokenizer(self._model.hf_tokenizer, self._multilingual, task=task, language=language)
 
+    def _features(self, feats: list[np.ndarray], frames: int) -> np.ndarray:
+        return np.stack([np.pad(f[:, :frames], ((0, 0), (0, frames - min(frames, f.shape[1])))) for f in feats]
+                        ).astype(np.float32)
+
     def _decode(self, audios: list[np.ndarray], options: TranscribeOptions) -> list[Transcription]:
-        """Encode clips of at most 30 s with a short encoder context, then decode them as one batch."""
-        from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
+        """Clips of at most 30 s, encoded and decoded as one batch. A short clip's encoder input is the clip plus
+        a margin of silence rather than a whole 30 s window; a decode that the policy rejects (a loop, a guess)
+        is tried again at the next temperature with the whole window, as Whisper was trained."""
+        from faster_whisper.transcribe import get_suppressed_tokens
 
         t0 = time.perf_counter()
         m = self._model
         feats = [m.feature_extractor(a) for a in audios]
+        margin = PARTIAL_MARGIN_FRAMES if options.partial else CONTEXT_MARGIN_FRAMES
         longest = max(f.shape[1] for f in feats)
-        ctx = min(MAX_FRAMES, -(-(longest + CONTEXT_MARGIN_FRAMES) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
-        batch = np.stack([np.pad(f[:, :ctx], ((0, 0), (0, ctx - min(ctx, f.shape[1])))) for f in feats])
-        encoded = self._encode(batch.astype(np.float32))
+        ctx = min(MAX_FRAMES, -(-(longest + margin) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
+        encoded = self._encode(self._features(feats, ctx))
 
         language = options.language or self.language
         task = options.task if self._multilingual else "transcribe"
@@ -223,46 +228,50 @@ class EmbeddedEngine:
             prompts.append([*prompt, *tok.sot_sequence, tok.no_timestamps])
             tokenizers.append(tok)
         suppress = list(get_suppressed_tokens(tokenizers[0], [-1]))
-        if options.temperature is not None:
-            temperatures: tuple[float, ...] = (options.temperature,)
-        else:
-            temperatures = (0.0,) if options.partial else FINAL_TEMPERATURES
+        temperatures = policy.temperatures(options.partial, options.temperature)
         beam = 1 if options.partial else self.beam_size
+        full: Any = None
 
-        def generate(idx: list[int], temperature: float) -> list[Any]:
+        def generate(idx: list[int], temperature: float, enc: Any) -> list[Any]:
             kw: dict[str, Any] = (
-                {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature}
+                {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature,
+                 "num_hypotheses": policy.BEST_OF}
                 if temperature > 0 else {"beam_size": beam}
             )
-            enc = encoded if len(idx) == len(audios) else self._encode(np.ascontiguousarray(batch[idx]))
             longest = max(audios[i].size for i in idx) / 16000
-            max_length = min(m.max_length, max(len(prompts[i]) for i in idx) + 10 + int(TOKENS_PER_SECOND * longest))
+            max_length = min(m.max_length, max(len(prompts[i]) for i in idx) + policy.max_new_tokens(longest))
             return m.model.generate(enc, [prompts[i] for i in idx], max_length=max_length, return_scores=True,
                                     return_no_speech_prob=True, suppress_blank=True, suppress_tokens=suppress, **kw)
 
         out: list[Transcription | None] = [None] * len(audios)
         todo = list(range(len(audios)))
+        frames = ctx
         for n, temperature in enumerate(temperatures):
             last = n == len(temperatures) - 1
+            if n == 0:
+                enc = encoded
+            else:  # retries see the whole 30 s window
+                if full is None and ctx < MAX_FRAMES:
+                    full = self._features(feats, MAX_FRAMES)
+                frames = MAX_FRAMES
+                batch = full[todo] if full is not None else self._features([feats[i] for i in todo], ctx)
+                enc = self._encode(np.ascontiguousarray(batch))
             retry = []
-            for i, res in zip(todo, generate(todo, temperature), strict=True):
-                tokens = res.sequences_ids[0]
-                avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
-                text = tokenizers[i].decode(tokens).strip()
-                ratio = get_compression_ratio(text) if text else 0.0
-                silent = res.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD
-                bad = ratio > COMPRESSION_RATIO_THRESHOLD or avg_logprob < LOGPROB_THRESHOLD
-                if bad and not silent and not last:
+            for i, res in zip(todo, generate(todo, temperature, enc), strict=True):
+                best = max(range(len(res.sequences_ids)), key=lambda k: res.scores[k])
+                tokens = res.sequences_ids[best]
+                h = policy.Hypothesis(tokenizers[i].decode(tokens).strip(),
+                                      res.scores[best] * len(tokens) / (len(tokens) + 1), float(res.no_speech_prob))
+                if policy.judge(h) == "retry" and not last:
                     retry.append(i)
                     continue
-                if silent or ratio > COMPRESSION_RATIO_THRESHOLD or avg_logprob < 2 * LOGPROB_THRESHOLD:
-                    text = ""
+                text = policy.settle(h)
                 duration = audios[i].size / 16000
                 out[i] = Transcription(
                     text=text, language=languages[i], duration=duration,
                     segments=(TimedText(0.0, duration, text),) if text else (),
-                    no_speech_prob=float(res.no_speech_prob), avg_logprob=float(avg_logprob),
-                    extra={"temperature": temperature, "encoder_frames": ctx},
+                    no_speech_prob=h.no_speech_prob, avg_logprob=float(h.avg_logprob or 0.0),
+                    extra={"temperature": temperature, "encoder_frames": frames},
                 )
             todo = retry
             if not todo:
@@ -286,28 +295,25 @@ class EmbeddedEngine:
         return ctranslate2.StorageView.from_array(np.concatenate(parts))
 
     def _transcribe_long(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        """faster-whisper's own long-form transcription (30 s windows, timestamps)."""
+        """faster-whisper's own long-form transcription (30 s windows, timestamps), judged by the same policy."""
         t0 = time.perf_counter()
         duration = audio.size / 16000
         language = options.language or self.language
         if not self._multilingual:
             language = "en"
-        if options.temperature is not None:
-            temperature: float | tuple[float, ...] = options.temperature
-        else:
-            temperature = 0.0 if options.partial else FINAL_TEMPERATURES
         segments, info = self._model.transcribe(
             audio,
             language=language,
             task=options.task if self._multilingual else "transcribe",
             beam_size=1 if options.partial else self.beam_size,
-            temperature=temperature,
+            best_of=policy.BEST_OF,
+            temperature=list(policy.temperatures(options.partial, options.temperature)),
             initial_prompt=options.prompt or None,
             condition_on_previous_text=False,
             without_timestamps=not options.timestamps,
-            no_speech_threshold=NO_SPEECH_THRESHOLD,
-            log_prob_threshold=LOGPROB_THRESHOLD,
-            compression_ratio_threshold=COMPRESSION_RATIO_THRESHOLD,
+            no_speech_threshold=policy.NO_SPEECH_THRESHOLD,
+            log_prob_threshold=policy.LOGPROB_THRESHOLD,
+            compression_ratio_threshold=policy.COMPRESSION_RATIO_THRESHOLD,
             vad_filter=False,
         )
         kept: list[TimedText] = []
@@ -316,8 +322,8 @@ class EmbeddedEngine:
         for seg in segments:
             no_speech.append(seg.no_speech_prob)
             logprobs.append(seg.avg_logprob)
-            text = seg.text.strip()
-            if text and not _hallucinated(seg):
+            text = policy.settle(policy.Hypothesis(seg.text.strip(), seg.avg_logprob, seg.no_speech_prob))
+            if text:
                 kept.append(TimedText(float(seg.start), float(seg.end), text))
         return Transcription(
             text=" ".join(t.text for t in kept).strip(),
@@ -357,11 +363,3 @@ def _split(sizes: list[int], idxs: list[int]) -> tuple[list[int], list[int]]:
     cut = min(range(1, n), key=lambda k: max(k * ordered[k - 1], (n - k) * ordered[-1]))
     return [idxs[k] for k in order[:cut]], [idxs[k] for k in order[cut:]]
 
-
-def _hallucinated(seg: Any) -> bool:
-    """Whisper's own thresholds, applied per segment (faster-whisper only drops the no-speech case)."""
-    if seg.no_speech_prob > NO_SPEECH_THRESHOLD and seg.avg_logprob < LOGPROB_THRESHOLD:
-        return True
-    if seg.compression_ratio > COMPRESSION_RATIO_THRESHOLD:
-        return True
-    return seg.avg_logprob < 2 * LOGPROB_THRESHOLD

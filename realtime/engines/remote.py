@@ -44,6 +44,7 @@ import httpx
 import numpy as np
 
 from ..audio import SAMPLE_RATE, wav_bytes
+from . import policy
 from .base import Engine, EngineError, TimedText, TranscribeOptions, Transcription
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OPENAI, HF = "openai", "hf"
-SILENCE_PEAK = 1e-3  # digital silence never goes over the network
 RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
@@ -193,6 +193,7 @@ class _Deltas:
 
 class RemoteEngine:
     name = "remote"
+    timestamps = True
 
     def __init__(
         self,
@@ -563,12 +564,13 @@ class RemoteEngine:
 
     async def _transcribe(self, audio: np.ndarray, options: TranscribeOptions,
                           on_delta: Callable[[str], None] | None = None) -> Transcription:
-        if audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK:
+        if policy.is_silent(audio):  # digital silence never goes over the network
             return Transcription(text="", language=options.language or self.language, duration=audio.size / 16000)
         deltas = _Deltas(on_delta)
         if not self._fallback_active():
             try:
-                return await self._request(audio, options, deltas)
+                heard = policy.normalise(audio)
+                return await policy.with_fallback(lambda o: self._request(heard, o, deltas), options)
             except EndpointUnavailable as exc:
                 # a partial that failed once is simply dropped; a final is never lost while a fallback exists
                 if self.fallback is None or (options.partial and not self._fallback_active()):

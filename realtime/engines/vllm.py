@@ -31,7 +31,6 @@ import shutil
 import signal
 import time
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import policy
 from .base import EngineError, TimedText, TranscribeOptions, Transcription
 
 if TYPE_CHECKING:
@@ -52,9 +52,6 @@ READY_MARK = "REALTIME_VLLM_READY"
 ERROR_MARK = "REALTIME_VLLM_ERROR"
 SAMPLE_RATE = 16000
 MAX_CLIP_S = 30.0
-SILENCE_PEAK = 1e-3
-COMPRESSION_RATIO_THRESHOLD = 2.4
-LOGPROB_FLOOR = -2.0
 RETRIES = 3
 HUB_MODEL = "openai/whisper-large-v3-turbo"
 """The default model on a GPU host that reaches the Hugging Face Hub (or has it cached)."""
@@ -184,11 +181,6 @@ def split_at_quiet(audio: np.ndarray, max_s: float = MAX_CLIP_S, search_s: float
     return pieces
 
 
-def compression_ratio(text: str) -> float:
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data))
-
-
 async def _exit(proc: asyncio.subprocess.Process) -> int:
     """The process's exit code once it has exited.
 
@@ -205,6 +197,7 @@ async def _exit(proc: asyncio.subprocess.Process) -> int:
 
 class VllmEngine:
     name = "vllm"
+    timestamps = False
     abortable = True
     """The worker may cancel a running request (a stale partial); the engine then aborts it in vLLM."""
     streaming = True
@@ -488,7 +481,8 @@ class VllmEngine:
             params["prompt"] = options.prompt
         if options.temperature is not None:
             params["temperature"] = options.temperature
-        body = np.ascontiguousarray(audio, dtype="<f4").tobytes()
+        params["max_tokens"] = policy.max_new_tokens(audio.size / SAMPLE_RATE)
+        body = np.ascontiguousarray(policy.normalise(audio), dtype="<f4").tobytes()
         finished = False
         kind = "partial" if options.partial else "final"
         self.in_flight[kind] += 1
@@ -545,7 +539,7 @@ class VllmEngine:
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         await self._until_ready()
         for n, piece in enumerate(split_at_quiet(audio)):
-            if piece.size == 0 or float(np.max(np.abs(piece))) < SILENCE_PEAK:
+            if policy.is_silent(piece):
                 continue
             first = True
             try:
@@ -557,10 +551,15 @@ class VllmEngine:
                 raise EngineError(f"the vLLM engine connection broke: {exc}") from exc
 
     async def _one(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        """One clip of at most 30 s; a final is sent again to a restarted process if the first one died."""
+        """One clip of at most 30 s, under the decoding policy (temperature fallback, loop guard)."""
+        if policy.is_silent(audio):
+            return Transcription(text="", language=options.language or self.settings.language,
+                                 duration=audio.size / SAMPLE_RATE)
+        return await policy.with_fallback(lambda o: self._request(audio, o), options)
+
+    async def _request(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        """One decode; a final is sent again to a restarted process if the first one died."""
         duration = audio.size / SAMPLE_RATE
-        if audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK:
-            return Transcription(text="", language=options.language or self.settings.language, duration=duration)
         request_id = uuid.uuid4().hex[:12]
         attempt = 0
         while True:
@@ -581,13 +580,10 @@ class VllmEngine:
                 log.warning("vLLM engine connection broke (%s); the segment will be sent again", exc)
                 await self._recovered(generation)
         text = final.get("text", "").strip()
-        avg_logprob = float(final.get("avg_logprob", 0.0))
-        if text and (compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD or avg_logprob < LOGPROB_FLOOR):
-            text = ""  # a repetition loop or a guess: Whisper's own rejection rules
         return Transcription(
             text=text, language=final.get("language"), duration=duration,
-            segments=(TimedText(0.0, duration, text),) if text else (), avg_logprob=avg_logprob,
-            engine_seconds=time.perf_counter() - t0,
+            segments=(TimedText(0.0, duration, text),) if text else (),
+            avg_logprob=float(final.get("avg_logprob", 0.0)), engine_seconds=time.perf_counter() - t0,
             extra={k: final.get(k) for k in ("token_ids", "finish_reason", "first_token_s", "decoder_prompt")},
         )
 

@@ -1,0 +1,161 @@
+"""The decoding policy every engine follows, written once.
+
+What a segment's audio must be before a model sees it (digital silence skipped, quiet speech raised to a
+level Whisper was trained on), how long its decode may run, which hypotheses are rejected and tried again at
+a higher temperature (Whisper's compression-ratio, log-probability and no-speech rules, plus a guard against
+repetition loops that those rules miss on short text), and what is kept when every temperature failed.
+The embedded, vLLM and remote engines call these functions; none of them has rules of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .base import TimedText, TranscribeOptions, Transcription
+
+SILENCE_PEAK = 1e-3
+"""Below this peak amplitude a clip is digital silence: no model call."""
+QUIET_PEAK = 0.1
+"""Speech whose peak is below this is raised towards it (Whisper's features depend on level)."""
+MAX_GAIN = 100.0
+NO_SPEECH_THRESHOLD = 0.6
+LOGPROB_THRESHOLD = -1.0
+COMPRESSION_RATIO_THRESHOLD = 2.4
+FINAL_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+BEST_OF = 5
+"""Candidates sampled at a temperature above zero, the most probable kept (engines that can)."""
+TOKENS_PER_SECOND = 8
+"""Bound on the tokens a decode may produce per second of audio (fast speech is about four)."""
+TOKENS_MIN = 12
+LOOP_SPAN = 3
+"""A run of this many words or more said twice back to back is a loop."""
+LOOP_REPEATS = {1: 6, 2: 3}
+"""Shorter runs are loops when they come this many times in a row (people do say "word word word")."""
+
+_PUNCT = re.compile(r"[^\w']+")
+
+
+def is_silent(audio: np.ndarray) -> bool:
+    return audio.size == 0 or float(np.max(np.abs(audio))) < SILENCE_PEAK
+
+
+def normalise(audio: np.ndarray) -> np.ndarray:
+    """The audio Whisper should see: quiet speech scaled up to `QUIET_PEAK` (at most `MAX_GAIN`), the rest as is.
+
+    What the user records is untouched; only the copy handed to the model is scaled."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak >= QUIET_PEAK or peak < SILENCE_PEAK:
+        return audio
+    return (audio * min(MAX_GAIN, QUIET_PEAK / peak)).astype(np.float32)
+
+
+def max_new_tokens(duration: float) -> int:
+    """The longest decode a clip of `duration` seconds gets (a loop runs into it early)."""
+    return TOKENS_MIN + int(TOKENS_PER_SECOND * duration)
+
+
+def _key(word: str) -> str:
+    return _PUNCT.sub("", word.lower())
+
+
+def find_loop(text: str) -> int | None:
+    """Word index where a repetition loop starts over (the first word of the second occurrence), else None.
+
+    A loop is a run of `LOOP_SPAN` or more words repeated back to back, or a shorter run repeated
+    `LOOP_REPEATS[length]` times in a row."""
+    keys = [_key(w) for w in text.split()]
+    best: int | None = None
+    for n in range(1, len(keys) // 2 + 1):
+        times = LOOP_REPEATS.get(n, 2)
+        for start in range(0, len(keys) - times * n + 1):
+            if best is not None and start + n >= best:
+                break
+            first = keys[start:start + n]
+            if not all(first) or any(keys[start + k * n:start + (k + 1) * n] != first for k in range(1, times)):
+                continue
+            best = start + n
+            break
+    return best
+
+
+def trim_loop(text: str) -> str:
+    """The text up to where it starts over: "we meet at noon. we meet at noon. we" -> "we meet at noon."."""
+    cut = find_loop(text)
+    if cut is None:
+        return text
+    words = text.split()
+    keys = [_key(w) for w in words]
+    # keep one occurrence of a repeated run, two of a single word ("no no no no no no" -> "no no")
+    n = next(n for n in range(1, cut + 1) if keys[cut - n:cut] == keys[cut:cut + n])
+    keep = cut + n if n == 1 else cut
+    return " ".join(words[:keep])
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+Verdict = Literal["ok", "retry", "silence"]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    text: str
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None
+
+
+def judge(h: Hypothesis) -> Verdict:
+    """Whisper's rules for one decode: "silence" (no speech: keep nothing), "retry" (a loop or a guess: decode
+    again at the next temperature), or "ok". Engines that report no probabilities are judged on text alone."""
+    if h.no_speech_prob is not None and h.no_speech_prob > NO_SPEECH_THRESHOLD and (
+            h.avg_logprob is None or h.avg_logprob < LOGPROB_THRESHOLD):
+        return "silence"
+    if not h.text:
+        return "ok"
+    if compression_ratio(h.text) > COMPRESSION_RATIO_THRESHOLD or find_loop(h.text) is not None:
+        return "retry"
+    if h.avg_logprob is not None and h.avg_logprob < LOGPROB_THRESHOLD:
+        return "retry"
+    return "ok"
+
+
+def settle(h: Hypothesis) -> str:
+    """The text kept once no temperature is left: nothing for silence, a loop cut where it starts over."""
+    if judge(h) == "silence":
+        return ""
+    text = trim_loop(h.text)
+    return "" if compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD else text
+
+
+def temperatures(partial: bool, fixed: float | None) -> tuple[float, ...]:
+    if fixed is not None:
+        return (fixed,)
+    return (0.0,) if partial else FINAL_TEMPERATURES
+
+
+async def with_fallback(decode: Callable[[TranscribeOptions], Awaitable[Transcription]],
+                        options: TranscribeOptions) -> Transcription:
+    """For engines that decode one clip per request: greedy first, then each higher temperature while the
+    policy rejects the result; the kept text is `settle`d."""
+    temps = temperatures(options.partial, options.temperature)
+    for n, temperature in enumerate(temps):
+        result = await decode(options if n == 0 else dataclasses.replace(options, temperature=temperature))
+        h = Hypothesis(result.text, result.avg_logprob, result.no_speech_prob)
+        if judge(h) == "retry" and n < len(temps) - 1:
+            continue
+        text = settle(h)
+        if text == result.text:
+            return result
+        segments = (TimedText(0.0, result.duration, text),) if text else ()
+        return dataclasses.replace(result, text=text, segments=segments,
+                                   extra={**result.extra, "temperature": temperature})
+    raise AssertionError("unreachable")

@@ -1,0 +1,35 @@
+"""The real-speech test set (tests/data/manifest.tsv): recordings of people with their reference texts.
+
+Sources and licences are in tests/data/README.md. `quiet_copy` makes the quiet-microphone variant of a clip
+(peak near -45 dBFS), the level laptop microphones give with the browser's auto gain off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from realtime.audio import SAMPLE_RATE, decode_file
+from realtime.corpus import Clip, Compilation, compilation, corpus_wer, loops, read_manifest
+from realtime.synth import wer
+
+DATA = Path(__file__).resolve().parent / "data"
+MANIFEST = DATA / "manifest.tsv"
+
+
+def clips(conditions: set[str] | None = None, longest: float | None = None) -> list[Clip]:
+    return read_manifest(MANIFEST, conditions, longest)
+
+
+def quiet_copy(clip: Clip, path: Path, peak_dbfs: float = -45.0) -> Path:
+    """The clip at 16 kHz mono 16-bit with its peak at `peak_dbfs`."""
+    audio = decode_file(clip.path)
+    audio = audio * (10 ** (peak_dbfs / 20) / float(np.max(np.abs(audio))))
+    sf.write(str(path), audio, SAMPLE_RATE, subtype="PCM_16")
+    return path
+
+
+__all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "loops", "quiet_copy",
+           "wer"]

@@ -1,0 +1,65 @@
+"""The decoding policy (realtime/engines/policy.py): pure rules, no model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from realtime.engines import policy
+from realtime.engines.policy import Hypothesis, find_loop, judge, settle, trim_loop
+
+from real_speech import clips
+
+
+def test_loops_are_found_where_they_start_over():
+    assert find_loop("and so my fellow Americans. And so my fellow Americans. And so") == 5
+    assert find_loop("At that high level, the air is pure. At that high level, the air is pure.") == 8
+    assert find_loop("the the the the the the end") == 1
+    assert find_loop("thank you " * 6) == 2
+    # people repeat a word or two a few times ("word word word word word" is in the real set's references)
+    for fine in ("no no no, not like that", "it is what it is", "very very good", "one two three four",
+                 "thank you, thank you", "word word word word word", "", "ok"):
+        assert find_loop(fine) is None, fine
+
+
+def test_no_reference_text_of_the_real_set_counts_as_a_loop():
+    for clip in clips():
+        assert find_loop(clip.text) is None, clip.name
+
+
+def test_a_loop_is_cut_after_its_first_occurrence():
+    assert trim_loop("and so my fellow Americans. And so my fellow Americans. And so") == "and so my fellow Americans."
+    assert trim_loop("we will meet. we will meet. we will meet.") == "we will meet."
+    assert trim_loop("no no no no no no no no") == "no no"
+    assert trim_loop("a plain sentence") == "a plain sentence"
+
+
+def test_judge_follows_whispers_rules_and_catches_short_loops():
+    assert judge(Hypothesis("hello there", -0.3, 0.1)) == "ok"
+    assert judge(Hypothesis("hello there", -1.5, 0.1)) == "retry"  # a guess: try a higher temperature
+    assert judge(Hypothesis("hello", -1.5, 0.9)) == "silence"
+    assert judge(Hypothesis("hello", -0.2, 0.9)) == "ok"  # confident text wins over the no-speech probability
+    short_loop = "ask not. ask not. ask not."
+    assert policy.compression_ratio(short_loop) < policy.COMPRESSION_RATIO_THRESHOLD  # Whisper's rule misses it
+    assert judge(Hypothesis(short_loop, -0.2, 0.0)) == "retry"
+    assert judge(Hypothesis("word " * 60, None, None)) == "retry"  # text-only engines: the same rules on text
+
+
+def test_what_is_kept_when_no_temperature_is_left():
+    assert settle(Hypothesis("ask not. ask not. ask not.", -0.2, 0.0)) == "ask not."
+    assert settle(Hypothesis("real but unsure words", -2.5, 0.2)) == "real but unsure words"  # not dropped
+    assert settle(Hypothesis("thanks for watching", -1.2, 0.8)) == ""
+
+
+def test_quiet_speech_is_raised_for_the_model_and_loud_or_silent_audio_left_alone():
+    t = np.arange(16000) / 16000
+    quiet = (0.005 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)  # peak -46 dBFS
+    raised = policy.normalise(quiet)
+    assert abs(float(np.max(np.abs(raised))) - policy.QUIET_PEAK) < 1e-3 and float(np.max(np.abs(quiet))) < 0.006
+    loud = 0.5 * quiet / 0.005
+    assert policy.normalise(loud) is loud
+    silent = np.zeros(100, np.float32)
+    assert policy.is_silent(silent) and policy.normalise(silent) is silent
+
+
+def test_decode_length_grows_with_the_audio():
+    assert policy.max_new_tokens(1.0) < policy.max_new_tokens(10.0) <= 448
