@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import re
@@ -70,21 +71,29 @@ def test_every_response_format(api, speech):
     verbose = post(api, file=audio, response_format="verbose_json").json()
     assert verbose["task"] == "transcribe" and verbose["language"] == "en"
     assert verbose["duration"] == pytest.approx(speech.duration, abs=0.05)
-    assert [s["id"] for s in verbose["segments"]] == [0, 1, 2]
-    for seg, sentence, (t0, t1) in zip(verbose["segments"], speech.texts, speech.spans, strict=True):
-        assert abs(seg["start"] - t0) < 0.3 and abs(seg["end"] - t1) < 0.3
-        assert wer(sentence, seg["text"]) <= 0.3
+    pieces = verbose["segments"]
+    assert [s["id"] for s in pieces] == list(range(len(pieces))) and len(pieces) >= 2
+    assert_timed(pieces, speech.spans)
+    assert wer(speech.text, " ".join(s["text"] for s in pieces)) <= 0.15
 
     srt = post(api, "/api/v1/audio/transcriptions", file=audio, response_format="srt").text
     blocks = srt.strip().split("\n\n")
-    assert len(blocks) == 3
+    assert len(blocks) == len(pieces)
     for i, block in enumerate(blocks, 1):
         lines = block.splitlines()
         assert lines[0] == str(i) and re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", lines[1])
 
     vtt = post(api, file=audio, response_format="vtt")
     assert vtt.headers["content-type"].startswith("text/vtt") and vtt.text.startswith("WEBVTT\n\n")
-    assert len(re.findall(r"^\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}$", vtt.text, flags=re.M)) == 3
+    assert len(re.findall(r"^\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}$", vtt.text, flags=re.M)) == len(pieces)
+
+
+def assert_timed(pieces: list[dict], spans: list[tuple[float, float]]) -> None:
+    """Whisper's timed pieces of the packed windows, in the file's time: in order, each sentence's speech inside
+    one of them."""
+    assert all(p["start"] < p["end"] <= q["start"] + 1e-6 for p, q in itertools.pairwise(pieces))
+    for t0, t1 in spans:
+        assert any(p["start"] - 0.5 <= (t0 + t1) / 2 <= p["end"] + 0.5 for p in pieces), (t0, t1, pieces)
 
 
 @pytest.mark.parametrize("suffix", sorted(FORMATS))
@@ -110,10 +119,9 @@ def test_stream_sends_openai_text_events(api, speech):
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
     deltas = [e for e in events if e["type"] == "transcript.text.delta"]
-    assert len(deltas) == 3 and events[-1]["type"] == "transcript.text.done" and len(events) == 4
+    assert deltas and events[-1]["type"] == "transcript.text.done" and len(events) == len(deltas) + 1
     assert "".join(d["delta"] for d in deltas) == events[-1]["text"]
-    for delta, sentence in zip(deltas, speech.texts, strict=True):
-        assert wer(sentence, delta["delta"]) <= 0.3
+    assert wer(speech.text, events[-1]["text"]) <= 0.15
 
 
 def test_seed_snippet_against_a_local_launch(api, speech):
@@ -134,7 +142,7 @@ def test_openai_client(api, speech):
     with open(speech.path, "rb") as f:
         verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
                                                      timestamp_granularities=["segment"])
-    assert len(verbose.segments) == 3 and verbose.duration == pytest.approx(speech.duration, abs=0.05)
+    assert len(verbose.segments) >= 2 and verbose.duration == pytest.approx(speech.duration, abs=0.05)
     with open(speech.path, "rb") as f:
         srt = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="srt")
     assert isinstance(srt, str) and srt.startswith("1\n00:00:00,")
@@ -365,9 +373,8 @@ def test_long_file_in_order_with_bounded_memory(api, speech, speech_dir, tmp_pat
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["duration"] == pytest.approx(minutes * 60, abs=0.1)
-    assert len(doc["segments"]) == 3
-    for seg, (t, text) in zip(doc["segments"], at.items(), strict=True):
-        assert abs(seg["start"] - t) < 0.3 and wer(text, seg["text"]) <= 0.3
+    assert_timed(doc["segments"], [(t, t + 2.0) for t in at])  # sentences minutes apart, in one window
+    assert wer(" ".join(at.values()), doc["text"]) <= 0.2
     assert mem["growth"] < whole_48k / 12, mem  # < 18 MB: not even half a 16 kHz mono copy
 
 

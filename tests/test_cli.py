@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -36,15 +37,18 @@ def test_text_json_srt_vtt(speech):
     alone = cli("transcribe", str(speech.path), "--file-window-s", "0")
     assert len(alone.stdout.strip().splitlines()) == 3 and wer(speech.text, alone.stdout) <= 0.15
 
+    # timed formats: the pieces Whisper's timestamps found in the packed window, in the file's time
     doc = json.loads(cli("transcribe", str(speech.path), "--format", "json").stdout)
-    assert len(doc["segments"]) == 3
-    assert wer(speech.text, doc["text"]) <= 0.15
-    for seg, (t0, t1) in zip(doc["segments"], speech.spans, strict=True):
-        assert abs(seg["start"] - t0) < 0.3 and abs(seg["end"] - t1) < 0.3
+    pieces = doc["segments"]
+    assert 2 <= len(pieces) <= 4 and wer(speech.text, doc["text"]) <= 0.15
+    assert abs(pieces[0]["start"] - speech.spans[0][0]) < 0.5 and abs(pieces[-1]["end"] - speech.spans[-1][1]) < 0.5
+    assert all(p["start"] < p["end"] <= q["start"] for p, q in itertools.pairwise(pieces))
+    for t0, t1 in speech.spans:  # every sentence's speech is inside some piece
+        assert any(p["start"] - 0.5 <= (t0 + t1) / 2 <= p["end"] + 0.5 for p in pieces)
 
     srt = cli("transcribe", str(speech.path), "--format", "srt").stdout
     blocks = [b for b in srt.strip().split("\n\n") if b]
-    assert len(blocks) == 3
+    assert len(blocks) == len(pieces)
     for i, block in enumerate(blocks, 1):
         lines = block.splitlines()
         assert lines[0] == str(i)
@@ -54,7 +58,7 @@ def test_text_json_srt_vtt(speech):
     vtt = cli("transcribe", str(speech.path), "--format", "vtt").stdout
     assert vtt.startswith("WEBVTT\n\n")
     cues = re.findall(r"^(\d\d:\d\d:\d\d\.\d{3}) --> (\d\d:\d\d:\d\d\.\d{3})$", vtt, flags=re.M)
-    assert len(cues) == 3 and all(a < b for a, b in cues)
+    assert len(cues) == len(pieces) and all(a < b for a, b in cues)
 
 
 @pytest.mark.parametrize("suffix", sorted(FORMATS))
