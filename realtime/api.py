@@ -311,7 +311,8 @@ def create_router(service: TranscriptionService) -> APIRouter:
                              "text": text, "segments": verbose, "usage": usage})
 
     async def events(path: Path, options: TranscribeOptions) -> AsyncIterator[str]:
-        """OpenAI's streaming events: a delta per piece of text, then the whole text."""
+        """OpenAI's streaming events: a delta per piece of text (the engine's own deltas, or Whisper's timed pieces
+        of each packed window), then the whole text."""
         engine = service.engine
         texts: list[str] = []
 
@@ -338,7 +339,9 @@ def create_router(service: TranscriptionService) -> APIRouter:
                         raise engine_error(exc) from None
                     if "".join(parts).strip():
                         texts.append("".join(parts).strip())
-            else:
+            else:  # a delta per timed piece of each window where the engine gives Whisper's timestamps
+                if engine.timestamps:
+                    options = dataclasses.replace(options, timestamps=True)
                 async for entry, _ in results(path, options, segments):
                     if entry.text:
                         yield event({"type": "transcript.text.delta", "delta": (" " if texts else "") + entry.text})

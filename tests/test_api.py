@@ -119,7 +119,7 @@ def test_stream_sends_openai_text_events(api, speech):
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
     deltas = [e for e in events if e["type"] == "transcript.text.delta"]
-    assert deltas and events[-1]["type"] == "transcript.text.done" and len(events) == len(deltas) + 1
+    assert len(deltas) >= 2 and events[-1]["type"] == "transcript.text.done" and len(events) == len(deltas) + 1
     assert "".join(d["delta"] for d in deltas) == events[-1]["text"]
     assert wer(speech.text, events[-1]["text"]) <= 0.15
 
@@ -149,7 +149,8 @@ def test_openai_client(api, speech):
     with open(speech.path, "rb") as f:
         stream = client.audio.transcriptions.create(model="whisper-1", file=f, stream=True, language="en")
         events = list(stream)
-    assert [e.type for e in events] == ["transcript.text.delta"] * 3 + ["transcript.text.done"]
+    assert [e.type for e in events] == ["transcript.text.delta"] * (len(events) - 1) + ["transcript.text.done"]
+    assert len(events) >= 3  # a delta per piece Whisper timed in the window
     assert wer(speech.text, events[-1].text) <= 0.15
     with pytest.raises(Exception) as err:  # the client surfaces our error shape
         client.audio.transcriptions.create(model="whisper-1", file=("notes.txt", b"hello", "text/plain"))
@@ -361,21 +362,32 @@ def test_long_file_in_order_with_bounded_memory(api, speech, speech_dir, tmp_pat
     path = _write_long_flac(tmp_path / "meeting.flac", minutes,
                             {t: sentence_audio(text, cache) for t, text in at.items()})
     whole_48k = minutes * 60 * 48000 * 2 * 4 / MB  # what one decoded float32 copy of the file would take
-    post(api, file=speech.path.read_bytes())  # warm: first-use allocations are not growth
-    with peak_rss(api.proc.pid) as mem:
-        t0 = time.perf_counter()
-        r = post(api, file=path.read_bytes(), filename="meeting.flac", mime="audio/flac",
-                 response_format="verbose_json")
-        elapsed = time.perf_counter() - t0
+    # the same three sentences as a short file: the engine's working memory (a 30 s encoder window's attention
+    # takes tens of MB) is the same for both; only the long file's own decoding could add to it
+    short = _write_long_flac(tmp_path / "short.flac", 0.25, {t / 40: a for t, a in
+                                                          zip(at, (sentence_audio(x, cache) for x in at.values()),
+                                                              strict=True)})
+
+    def request(p: Path) -> tuple[httpx.Response, dict[str, float], float]:
+        post(api, file=p.read_bytes(), filename=p.name, mime="audio/flac", response_format="verbose_json")  # warm
+        with peak_rss(api.proc.pid) as mem:
+            t0 = time.perf_counter()
+            r = post(api, file=p.read_bytes(), filename=p.name, mime="audio/flac", response_format="verbose_json")
+            elapsed = time.perf_counter() - t0
+        return r, mem, elapsed
+
+    _, short_mem, _ = request(short)
+    r, mem, elapsed = request(path)
     print(f"\n{minutes:.0f} min 48 kHz stereo FLAC ({path.stat().st_size / MB:.1f} MB): {elapsed:.1f} s "
-          f"(RTFx {minutes * 60 / elapsed:.0f}); server RSS peak +{mem['growth']:.1f} MB "
-          f"(a decoded copy would be {whole_48k:.0f} MB at 48 kHz, {whole_48k / 6:.0f} MB at 16 kHz mono)")
+          f"(RTFx {minutes * 60 / elapsed:.0f}); server RSS peak +{mem['growth']:.1f} MB, the same sentences in "
+          f"15 s +{short_mem['growth']:.1f} MB (a decoded copy would be {whole_48k:.0f} MB at 48 kHz, "
+          f"{whole_48k / 6:.0f} MB at 16 kHz mono)")
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["duration"] == pytest.approx(minutes * 60, abs=0.1)
     assert_timed(doc["segments"], [(t, t + 2.0) for t in at])  # sentences minutes apart, in one window
     assert wer(" ".join(at.values()), doc["text"]) <= 0.2
-    assert mem["growth"] < whole_48k / 12, mem  # < 18 MB: not even half a 16 kHz mono copy
+    assert mem["growth"] < short_mem["growth"] + whole_48k / 24, (mem, short_mem)  # < 9 MB more than 15 s
 
 
 # -- the key, overload and an engine that is down: an app whose engine is a remote endpoint we control
