@@ -454,8 +454,9 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
                     "final_p50": _pct(finals_lat, 50), "final_p95": _pct(finals_lat, 95),
                     "final_max": _pct(finals_lat, 100), "server_final_p95": _pct(server_lat, 95),
                     "first_partial_p50": _pct(first, 50),
-                    "partial_interval_p50": _pct(intervals, 50), "wer": round(wer(" ".join(refs), " ".join(hyps)), 4)
-                    if refs else None, "lost_segments": lost, "failed_clients": failed,
+                    "partial_interval_p50": _pct(intervals, 50),
+                    "wer": round(wer(" ".join(refs), " ".join(hyps)), 4) if any(refs) else None,
+                    "lost_segments": lost, "failed_clients": failed, "loops": looped,
                     "cpu_cores": round(cores, 2) if cores is not None else None,
                     "client_cpu_cores": round(client_cores, 2),
                 })

@@ -41,7 +41,7 @@ def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench-stream.json").read_text())
     row = doc["results"][0]
-    assert row["clients"] == 1 and row["lost_segments"] == 0 and row["failed_clients"] == 0
+    assert row["clients"] == 1 and row["lost_segments"] == 0 and row["failed_clients"] == 0 and row["loops"] == 0
     assert 0 < row["final_p50"] <= row["final_p95"] <= row["final_max"]
     assert 0 < row["server_final_p95"] and row["client_cpu_cores"] > 0
     assert row["first_partial_p50"] > 0 and row["wer"] <= 0.3
