@@ -51,10 +51,10 @@ class Settings:
     vad_pad_after_ms: int = _opt("audio kept after speech ends (ms)", default=VADConfig.pad_after_ms)
     max_segment_s: float = _opt("longest segment; longer speech is split at its quietest point (s)",
                                 default=VADConfig.max_segment_s)
-    file_window_s: float = _opt("file transcription (API json and text answers, `transcribe` text): pack "
-                                "consecutive segments into windows of up to this many seconds so Whisper sees "
-                                "neighbouring sentences; 0 sends each segment alone. srt, vtt, verbose_json and "
-                                "streamed answers keep one entry per segment", default=WINDOW_S)
+    file_window_s: float = _opt("file transcription (`transcribe`, the HTTP API): pack consecutive segments into "
+                                "windows of up to this many seconds so Whisper sees neighbouring sentences; 0 "
+                                "sends each segment alone. srt, vtt and verbose_json get one entry per piece "
+                                "Whisper's timestamps find in a window", default=WINDOW_S)
     partial_interval: float = _opt("seconds between partial transcripts of an open segment (the minimum; "
                                    "it grows when the engine is slow)", default=0.5)
     partial_interval_max: float = _opt("longest interval between partials under load (s)", default=2.0)

@@ -28,10 +28,11 @@ from realtime.transcribe import WINDOW_S, transcribe_file
 from conftest import ROOT, App, launch, stop
 from real_speech import Clip, clips, compilation, corpus_wer, loops, quiet_copy, wer
 
-FILE_MARGIN = 0.015
-"""How far a file path's corpus WER may lie above faster-whisper's (one or two words in a thousand flip with
-the VAD's cut points; measured gaps are in the README)."""
-LIVE_MARGIN = 0.01
+FILE_MARGIN = 0.02
+"""How far a file path's corpus WER may lie above faster-whisper's: the measured gaps (README) are about a point,
+and retries sample at temperatures above zero, so runs and CPUs differ by a few words. The code before the
+real-speech work was 9 to 20 points behind."""
+LIVE_MARGIN = 0.015
 
 
 def fw_texts(model: str, compute_type: str, items: list[Clip]) -> list[str]:
