@@ -31,6 +31,9 @@ from .worker import Job, Worker
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
+FIRST_PARTIAL_AFTER_S = 0.25
+"""Speech a segment needs before its first partial (a segment opens after 30 ms; Whisper has nothing to say
+about that little)."""
 
 
 class TranscriptionSession:
@@ -131,6 +134,8 @@ class TranscriptionSession:
         seg = self.segmenter
         if not seg.announced or seg.paused or self.worker.has_partial(self.id):
             return  # in a pause the speculative final is at most the after-padding away: leave it the engine
+        if self.stream_time - seg.speech_start < FIRST_PARTIAL_AFTER_S:
+            return
         now = self.clock()
         interval = min(self.partial_interval_max, max(self.partial_interval, 1.5 * self.worker.stats.engine_latency))
         if self.worker.pending_finals:

@@ -41,8 +41,9 @@ SSE_WORDS = ["Hello", " there,", " general", " Kenobi."]
 
 
 def segment_audio(n: int, seconds: float = 0.5) -> np.ndarray:
-    """A clip that identifies itself: constant amplitude (n + 1) / 100, read back by the endpoint."""
-    return np.full(int(16000 * seconds), (n + 1) / 100, dtype=np.float32)
+    """A clip that identifies itself: constant amplitude (n + 10) / 100, read back by the endpoint (loud enough
+    that the decoding policy sends it as it is: quiet audio is raised before an engine hears it)."""
+    return np.full(int(16000 * seconds), (n + 10) / 100, dtype=np.float32)
 
 
 def _seconds(wav: bytes) -> float:
@@ -53,7 +54,7 @@ def _seconds(wav: bytes) -> float:
 def _segment_id(wav: bytes) -> int:
     with wave.open(io.BytesIO(wav)) as w:
         first = np.frombuffer(w.readframes(1), dtype="<i2")
-    return round(float(first[0]) / 32767 * 100) - 1 if first.size else -1
+    return round(float(first[0]) / 32767 * 100) - 10 if first.size else -1
 
 
 def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], bytes | None]:
