@@ -38,7 +38,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             try:
                 # every format packs segments into windows; those with times ask for Whisper's timestamps
                 options = TranscribeOptions(language=settings.language, timestamps=args.format != "text")
-                window = settings.file_window_s or None if engine.timestamps or args.format == "text" else None
+                window = (settings.file_window_s or None) if engine.timestamps or args.format == "text" else None
                 entries = await transcribe_file(path, engine, settings.vad_config(), options, window_s=window)
             except AudioDecodeError as exc:
                 print(f"error: {exc}", file=sys.stderr)

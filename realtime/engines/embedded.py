@@ -211,7 +211,9 @@ class EmbeddedEngine:
         margin = PARTIAL_MARGIN_FRAMES if options.partial else CONTEXT_MARGIN_FRAMES
         longest = max(f.shape[1] for f in feats)
         ctx = min(MAX_FRAMES, -(-(longest + margin) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
-        encoded = self._encode(self._features(feats, ctx))
+        batch = self._features(feats, ctx)
+        encoded = self._encode(batch)
+        full = batch if ctx == MAX_FRAMES else None  # the whole window, which retries see
 
         language = options.language or self.language
         task = options.task if self._multilingual else "transcribe"
@@ -232,7 +234,6 @@ class EmbeddedEngine:
         suppress = list(get_suppressed_tokens(tokenizers[0], [-1]))
         temperatures = policy.temperatures(options.partial, options.temperature)
         beam = 1 if options.partial else self.beam_size
-        full: Any = None
 
         def generate(idx: list[int], temperature: float, enc: Any) -> list[Any]:
             kw: dict[str, Any] = (
@@ -253,11 +254,10 @@ class EmbeddedEngine:
             if n == 0:
                 enc = encoded
             else:  # retries see the whole 30 s window
-                if full is None and ctx < MAX_FRAMES:
+                if full is None:
                     full = self._features(feats, MAX_FRAMES)
                 frames = MAX_FRAMES
-                batch = full[todo] if full is not None else self._features([feats[i] for i in todo], ctx)
-                enc = self._encode(np.ascontiguousarray(batch))
+                enc = self._encode(np.ascontiguousarray(full[todo]))
             retry = []
             for i, res in zip(todo, generate(todo, temperature, enc), strict=True):
                 best = max(range(len(res.sequences_ids)), key=lambda k: res.scores[k])
