@@ -416,3 +416,29 @@ def test_sessions_count_against_the_concurrency_limit(rt_app):
                 await ws.close()
 
     run(go())
+
+
+def test_the_session_time_limit_ends_a_realtime_session(tmp_path):
+    """The demo limits end realtime sessions as they end the page's: an `error` with the reason, then the close."""
+    app = launch(tmp_path, "--session-time-limit", "2")
+    try:
+        async def go() -> tuple[list[dict[str, Any]], int | None]:
+            async with websockets.connect(ws_url(app)) as ws:
+                events = [json.loads(await asyncio.wait_for(ws.recv(), 10))]
+                with pytest.raises(websockets.ConnectionClosed):
+                    while True:
+                        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                                  "audio": base64.b64encode(b"\0" * 9600).decode()}))
+                        try:
+                            events.append(json.loads(await asyncio.wait_for(ws.recv(), 0.2)))
+                        except TimeoutError:
+                            pass
+                return events, ws.close_code
+
+        events, code = run(go())
+        assert events[0]["type"] == "session.created"
+        assert events[-1]["type"] == "error" and events[-1]["error"]["code"] == "time_limit", events
+        assert code == 1008
+        assert app.health()["sessions"] == 0
+    finally:
+        stop(app)
