@@ -12,8 +12,8 @@ This module owns the HTTP transcription routes served next to the page (same pro
 
 The upload goes to a temporary file while it is read (never whole in memory; `--max-upload-mb` is checked
 against Content-Length first and enforced while reading). The file is decoded as a stream, cut with the live
-pipeline's VAD in a thread, and the segments go through `engine.transcribe_batch` in batches, in order
-(realtime/transcribe.py); live sessions' finals go first. Errors use OpenAI's shape
+pipeline's VAD in a thread, and the segments join the shared worker's file lane in batches, in order
+(realtime/transcribe.py, realtime/worker.py): live sessions' finals go first. Errors use OpenAI's shape
 `{"error": {"message", "type", "code"}}`: 400 undecodable or empty audio, 401 missing or wrong key
 (`--api-key`), 405 wrong method (with `Allow`), 413 too large, 415 not audio, 422 bad field, 503 with
 Retry-After when the engine is not ready, unavailable or too busy (`--api-max-requests`).
@@ -30,7 +30,6 @@ import math
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +44,9 @@ from starlette.requests import ClientDisconnect
 
 from . import transcript as fmt
 from .audio import AudioDecodeError
-from .engines import TranscribeOptions, Transcription
+from .engines import EngineUnavailable, TranscribeOptions, Transcription
 from .service import TranscriptionService
-from .transcribe import SegmentStream, timed_entries, transcribe_results
+from .transcribe import SegmentStream, stream_text, timed_entries, transcribe_results
 from .transcript import Entry
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,6 @@ NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "ap
 _LANGUAGE = re.compile(r"^[a-z]{2,3}$")
 _SUFFIX = re.compile(r"^\.[a-z0-9]{1,5}$")
 MAX_PROMPT_CHARS = 4000
-LIVE_FIRST_MAX_WAIT_S = 2.0
 
 
 class APIError(Exception):
@@ -96,13 +94,6 @@ class Params:
 def _unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
     return APIError(503, message, code, kind="server_error",
                     headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
-
-
-def can_translate(info: dict[str, Any]) -> bool:
-    """Whether the engine's model translates: its own word when it says, else not an English-only (.en) model."""
-    if "translate" in info:
-        return bool(info["translate"])
-    return re.search(r"\.en\b", str(info.get("model", ""))) is None
 
 
 def _parse_params(fields: dict[str, str]) -> Params:
@@ -195,10 +186,10 @@ def create_router(service: TranscriptionService) -> APIRouter:
                            "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     def check_ready() -> dict[str, Any]:
-        info = service.engine.describe()
-        if not service.ready or not info.get("ready", True):
-            raise _unavailable(f"the {info.get('engine')} engine is not ready", 5, "engine_not_ready")
-        return info
+        engine = service.engine
+        if not service.ready or not engine.ready:
+            raise _unavailable(f"the {engine.name} engine is not ready", 5, "engine_not_ready")
+        return engine.describe()
 
     async def limited(request: Request) -> AsyncIterator[bytes]:
         seen = 0
@@ -246,24 +237,15 @@ def create_router(service: TranscriptionService) -> APIRouter:
         finally:
             await form.close()
 
-    async def live_first() -> None:
-        """Let live sessions' queued finals go before the next API batch (bounded wait)."""
-        worker = service.worker
-        deadline = time.monotonic() + LIVE_FIRST_MAX_WAIT_S
-        while worker is not None and worker.pending_finals and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-
     def engine_error(exc: BaseException) -> APIError:
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:
-            return _unavailable(str(exc), retry_after)
+        if isinstance(exc, EngineUnavailable):
+            return _unavailable(str(exc), exc.retry_after)
         return APIError(500, f"transcription failed: {exc}", "engine_error", kind="server_error")
 
     async def results(path: Path, options: TranscribeOptions, segments: SegmentStream,
                       ) -> AsyncIterator[tuple[Entry, Transcription]]:
         n = 0
-        async for end, result in transcribe_results(path, service.engine, options=options, before_batch=live_first,
-                                                    stream=segments):
+        async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
             if isinstance(result, BaseException):
                 raise engine_error(result)
             for entry in timed_entries(end, result, n):
@@ -321,12 +303,11 @@ def create_router(service: TranscriptionService) -> APIRouter:
 
         try:
             segments = SegmentStream(path, settings.vad_config(), window_s=settings.file_window_s or None)
-            if getattr(engine, "streaming", False) and hasattr(engine, "transcribe_stream"):
+            if engine.streaming:
                 async for end in segments:
-                    await live_first()
                     parts: list[str] = []
                     try:
-                        async for delta in engine.transcribe_stream(end.audio, options):
+                        async for delta in stream_text(service.file_worker(), end.audio, options):
                             if not parts:
                                 delta = delta.lstrip()
                                 if not delta:
@@ -361,7 +342,7 @@ def create_router(service: TranscriptionService) -> APIRouter:
         nonlocal running
         check_key(request)
         info = check_ready()
-        if task == "translate" and not can_translate(info):
+        if task == "translate" and not service.engine.translates:
             raise APIError(400, f"the model {info.get('model')} is English-only and cannot translate; use "
                                 "/v1/audio/transcriptions or a multilingual model", "translation_unsupported")
         length = request.headers.get("content-length")
@@ -453,7 +434,7 @@ def create_router(service: TranscriptionService) -> APIRouter:
         info = service.engine.describe()
         return JSONResponse({"object": "list", "data": [{
             "id": str(info.get("model")), "object": "model", "created": int(service.started_at),
-            "owned_by": "realtime-transcription", "engine": info.get("engine"), "ready": bool(info.get("ready", True)),
+            "owned_by": "realtime-transcription", "engine": info.get("engine"), "ready": service.engine.ready,
         }]})
 
     # Another method on these routes would fall through to the page's catch-all mount (a 404 in another
@@ -474,4 +455,4 @@ def create_router(service: TranscriptionService) -> APIRouter:
     return router
 
 
-__all__ = ["APIError", "can_translate", "create_router"]
+__all__ = ["APIError", "create_router"]

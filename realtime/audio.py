@@ -123,3 +123,20 @@ def wav_bytes(audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> bytes:
 def _reason(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def split_at_quiet(audio: np.ndarray, max_s: float = 30.0, search_s: float = 5.0) -> list[np.ndarray]:
+    """Cut audio into pieces of at most `max_s`, each cut at the quietest 20 ms in the last `search_s`."""
+    max_len, search, frame = int(max_s * SAMPLE_RATE), int(search_s * SAMPLE_RATE), 320
+    pieces: list[np.ndarray] = []
+    start = 0
+    while audio.size - start > max_len:
+        lo = start + max_len - search
+        window = audio[lo : start + max_len]
+        n = window.size // frame
+        energy = np.square(window[: n * frame].reshape(n, frame)).mean(axis=1)
+        cut = lo + int(np.argmin(energy)) * frame + frame // 2
+        pieces.append(audio[start:cut])
+        start = cut
+    pieces.append(audio[start:])
+    return pieces

@@ -111,7 +111,8 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None,
 
     from .engines import TranscribeOptions
     from .engines.embedded import EmbeddedEngine
-    from .transcribe import WINDOW_S, transcribe_file
+    from .transcribe import transcribe_file
+    from .vad import WINDOW_S
 
     threads = os.cpu_count() or 1
     fw = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
@@ -155,12 +156,13 @@ def _vllm_runs(paths: list[Path], warm: Path, runs: int, model: str | None = Non
     missing."""
     from .config import Settings
     from .engines.vllm import VllmEngine, resolve_python
-    from .transcribe import WINDOW_S, transcribe_file
+    from .transcribe import transcribe_file
+    from .vad import WINDOW_S
 
     settings = Settings(engine="vllm", model=QUANT_PACKAGES["base"] if model == "base" else model, language="en")
     resolve_python(settings.vllm_python)
     loop = asyncio.new_event_loop()
-    engine = VllmEngine(settings)
+    engine = VllmEngine.from_settings(settings)
     try:
         loop.run_until_complete(engine.start())
 
@@ -630,7 +632,7 @@ def _vllm_kv_rows(models: list[str], clips: list[np.ndarray], refs: list[str], k
                                 vllm_max_num_seqs=4)
             row: dict[str, Any] = {"model": name, "compute_type": f"vLLM float32, KV {kv}"}
             loop = asyncio.new_event_loop()
-            engine = VllmEngine(settings)
+            engine = VllmEngine.from_settings(settings)
             try:
                 resolve_python(settings.vllm_python)
                 loop.run_until_complete(engine.start())

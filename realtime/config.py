@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .space import space_environ
-from .transcribe import WINDOW_S
-from .vad import VADConfig
+from .vad import WINDOW_S, VADConfig
 
 
 def _opt(help: str, env: str | None = None, **kw: Any) -> Any:

@@ -9,8 +9,9 @@ from fastrtc import AdditionalOutputs, AsyncStreamHandler
 from fastrtc.utils import get_current_context
 
 from .audio import SAMPLE_RATE, FrameConverter
+from .events import PAGE_EVENTS, Event
 from .service import TranscriptionService
-from .session import Event, TranscriptionSession
+from .session import TranscriptionSession
 
 EMIT_WAIT = 0.5  # emit() must wait on something: an idle session wakes twice a second
 
@@ -30,8 +31,12 @@ class TranscriptionHandler(AsyncStreamHandler):
     def _session(self) -> TranscriptionSession:
         if self.session is None:
             webrtc_id = get_current_context().webrtc_id
-            self.session = self.service.open_session(webrtc_id, self._outbox.put_nowait)
+            self.session = self.service.open_session(webrtc_id, self._on_event)
         return self.session
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, PAGE_EVENTS):
+            self._outbox.put_nowait(event)
 
     async def start_up(self) -> None:
         self._session()
@@ -46,7 +51,7 @@ class TranscriptionHandler(AsyncStreamHandler):
             event = await asyncio.wait_for(self._outbox.get(), EMIT_WAIT)
         except TimeoutError:
             return None
-        return AdditionalOutputs(event, session.id)
+        return AdditionalOutputs(event.as_dict(), session.id)
 
     async def shutdown(self) -> None:
         if self.session is not None:

@@ -24,6 +24,7 @@ from typing import Any
 from fastrtc.utils import create_message
 
 from .config import Settings
+from .events import ClosedEvent
 from .service import TranscriptionService
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class SessionLimits:
     async def _hang_up(self, sid: str, reason: str, message: str) -> None:
         session = self.service.sessions.get(sid)
         if session is not None:
-            session.on_event({"type": "closed", "reason": reason, "message": message})
+            session.on_event(ClosedEvent(reason, message))
             self.service.close_session(sid)  # the transcript stops here (and stays downloadable)
         await asyncio.sleep(EVENT_GRACE_S)
         channel = self.webrtc.data_channels.get(sid)

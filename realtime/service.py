@@ -14,9 +14,10 @@ from typing import Any
 
 from .config import Settings
 from .engines import Engine, create_engine
-from .session import Event, TranscriptionSession
+from .events import Event
+from .session import TranscriptionSession
 from .transcript import TranscriptSnapshot
-from .vad import SileroVAD
+from .vad import SileroVAD, VADConfig
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,18 @@ class TranscriptionService:
 
     def _ensure_worker(self) -> Worker:
         if self.worker is None:  # first session on a loop where start() was not awaited
-            self.worker = Worker(self.engine, batch_size=getattr(self.engine, "max_batch_size", 1),
+            self.worker = Worker(self.engine, batch_size=self.engine.max_batch_size,
                                  max_pending_audio_s=self.settings.max_pending_audio_s)
             self.worker.start()
         return self.worker
 
-    def open_session(self, session_id: str, on_event: Callable[[Event], None]) -> TranscriptionSession:
+    def file_worker(self) -> Worker:
+        """The worker that file jobs (API uploads) join, behind live finals."""
+        return self._ensure_worker()
+
+    def open_session(self, session_id: str, on_event: Callable[[Event], None],
+                     vad_config: VADConfig | None = None) -> TranscriptionSession:
+        """A live session; `vad_config` replaces the app's VAD settings for it (the Realtime API's turn detection)."""
         existing = self.sessions.get(session_id)
         if existing is not None:
             return existing
@@ -68,7 +75,7 @@ class TranscriptionService:
             session_id,
             self._ensure_worker(),
             on_event,
-            vad_config=s.vad_config(),
+            vad_config=vad_config or s.vad_config(),
             vad_model=self.vad_model,
             partial_interval=s.partial_interval,
             partial_interval_max=s.partial_interval_max,
@@ -109,9 +116,11 @@ class TranscriptionService:
             "sessions": len(self.sessions),
             "queue": {
                 "pending_finals": worker.pending_finals if worker else 0,
+                "pending_files": worker.pending_files if worker else 0,
                 "engine_latency_s": round(worker.stats.engine_latency, 3) if worker else None,
                 "finals": worker.stats.finals if worker else 0,
                 "partials": worker.stats.partials if worker else 0,
+                "files": worker.stats.files if worker else 0,
                 "partials_shed": worker.stats.partials_shed if worker else 0,
                 "errors": worker.stats.errors if worker else 0,
             },

@@ -16,13 +16,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from .audio import SAMPLE_RATE
 from .engines import TranscribeOptions, Transcription
 from .engines.policy import trim_loop
+from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
 from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
 from .vad import SegmentEnd, Segmenter, SegmentStart, SileroVAD, VADConfig
@@ -30,10 +31,21 @@ from .worker import Job, Worker
 
 log = logging.getLogger(__name__)
 
-Event = dict[str, Any]
 FIRST_PARTIAL_AFTER_S = 0.25
 """Speech a segment needs before its first partial (a segment opens after 30 ms; Whisper has nothing to say
 about that little)."""
+
+
+@dataclass(frozen=True)
+class _Speculative:
+    """A final queued at a pause before it is known to be the end of the segment."""
+
+    segment: int
+    end: float
+    job: Job
+
+    def matches(self, segment: int, end: float) -> bool:
+        return (self.segment, self.end) == (segment, end)
 
 
 class TranscriptionSession:
@@ -66,7 +78,7 @@ class TranscriptionSession:
         self._samples_last = 0
         self._finals_pending: dict[int, asyncio.Future[Transcription]] = {}
         self._ends: dict[int, SegmentEnd] = {}
-        self._speculative: tuple[int, float, Job] | None = None
+        self._speculative: _Speculative | None = None
         self.last_latency: float | None = None
 
     # -- time
@@ -98,17 +110,19 @@ class TranscriptionSession:
         if isinstance(event, SegmentStart):
             self._agreement = LocalAgreement()
             self._last_partial_at = 0.0
+            self._emit(SpeechStarted(event.segment, event.start))
             return
         self.worker.drop_partial(self.id)
         if self.transcript.partial is not None and self.transcript.partial.segment == event.segment:
             self.transcript.partial = None
         self._ends[event.segment] = event
+        self._emit(SpeechStopped(event.segment, event.start, event.end))
         spec, self._speculative = self._speculative, None
-        if spec is not None and spec[:2] == (event.segment, event.end) and not spec[2].future.cancelled():
-            future = spec[2].future
+        if spec is not None and spec.matches(event.segment, event.end) and not spec.job.future.cancelled():
+            future = spec.job.future
         else:
             if spec is not None:
-                self.worker.cancel(spec[2])
+                self.worker.cancel(spec.job)
             future = self.worker.submit(Job(self.id, event.segment, event.audio, "final", self.options))
         self._finals_pending[event.segment] = future
         future.add_done_callback(lambda f, seg=event.segment: self._on_final(seg, f))
@@ -118,17 +132,17 @@ class TranscriptionSession:
         spec = self._speculative
         if pending is None:
             if spec is not None:  # speech resumed: that pause was not the end
-                self.worker.cancel(spec[2])
+                self.worker.cancel(spec.job)
                 self._speculative = None
             return
         segment, end, audio = pending
-        if spec is not None and spec[:2] == (segment, end):
+        if spec is not None and spec.matches(segment, end):
             return
         if spec is not None:
-            self.worker.cancel(spec[2])
+            self.worker.cancel(spec.job)
         job = Job(self.id, segment, audio, "final", self.options)
         self.worker.submit(job)
-        self._speculative = (segment, end, job)
+        self._speculative = _Speculative(segment, end, job)
 
     def _maybe_partial(self) -> None:
         seg = self.segmenter
@@ -160,10 +174,7 @@ class TranscriptionSession:
         if not hyp.text:
             return
         self.transcript.partial = Partial(segment, start, end, hyp.committed, hyp.tentative)
-        self._emit({
-            "type": "partial", "segment": segment, "text": hyp.text, "committed": hyp.committed,
-            "tentative": hyp.tentative, "start": round(start, 3), "audio_end": round(end, 3),
-        })
+        self._emit(PartialEvent(segment, start, end, hyp.committed, hyp.tentative))
 
     def _on_partial_text(self, segment: int, start: float, end: float, text: str) -> None:
         """A streaming engine's hypothesis so far: shown as tentative words after the committed ones."""
@@ -175,9 +186,7 @@ class TranscriptionSession:
         if not tentative:
             return
         self.transcript.partial = Partial(segment, start, end, committed, tentative)
-        self._emit({"type": "partial", "segment": segment, "text": f"{committed} {tentative}".strip(),
-                    "committed": committed, "tentative": tentative, "start": round(start, 3),
-                    "audio_end": round(end, 3), "streaming": True})
+        self._emit(PartialEvent(segment, start, end, committed, tentative, streaming=True))
 
     def _on_final(self, segment: int, future: asyncio.Future[Transcription]) -> None:
         self._finals_pending.pop(segment, None)
@@ -186,16 +195,15 @@ class TranscriptionSession:
             return
         latency = max(0.0, self.clock() - self.wall_at(end_event.end))
         exc = future.exception()
-        base = {"segment": segment, "start": round(end_event.start, 3), "audio_end": round(end_event.end, 3)}
+        start, end = end_event.start, end_event.end
         if exc is not None:
-            entry = Entry(segment, end_event.start, end_event.end, str(exc), kind="error", latency=latency)
-            self.transcript.add(entry)
-            self._emit({"type": "error", "message": str(exc), **base})
+            self.transcript.add(Entry(segment, start, end, str(exc), kind="error", latency=latency))
+            self._emit(ErrorEvent(segment, start, end, str(exc)))
             return
         text = future.result().text
         self.last_latency = latency
-        self.transcript.add(Entry(segment, end_event.start, end_event.end, text, latency=latency))
-        self._emit({"type": "final", "text": text, "latency": round(latency, 3), **base})
+        self.transcript.add(Entry(segment, start, end, text, latency=latency))
+        self._emit(FinalEvent(segment, start, end, text, latency))
 
     def _emit(self, event: Event) -> None:
         try:

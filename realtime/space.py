@@ -1,6 +1,7 @@
 """Hugging Face Spaces: the one place where the Space's environment variables become the app's settings.
 
-A Space hands the app its variables and secrets as environment variables under their usual names
+This module is the only reader of secrets from the environment. A Space hands the app its variables and
+secrets as environment variables under their usual names
 (`HF_TOKEN`, `ENDPOINT_URL`, ...), and Gradio Spaces set `GRADIO_SERVER_NAME` / `GRADIO_SERVER_PORT`.
 `space_environ()` copies each of them onto the `REALTIME_<NAME>` variable of its setting (an explicit
 `REALTIME_<NAME>` wins), and when `SPACE_ID` is set it fills in the defaults of a public demo on a free
@@ -26,6 +27,8 @@ ENV_ALIASES: dict[str, str] = {
     "ENDPOINT_URL": "REALTIME_REMOTE_URL",
     "ENDPOINT_TOKEN": "REALTIME_REMOTE_TOKEN",
 }
+OPENAI_KEY = "OPENAI_API_KEY"
+"""The remote engine's token when neither REALTIME_REMOTE_TOKEN nor HF_TOKEN is set."""
 
 # Defaults on a Space (SPACE_ID set), fit for the free cpu-basic hardware (2 vCPU, 16 GB): the Space's own
 # variables, REALTIME_<NAME>, override each.
@@ -48,6 +51,8 @@ def space_environ(environ: Mapping[str, str]) -> dict[str, str]:
     for alias, target in ENV_ALIASES.items():
         if out.get(alias) and target not in out:
             out[target] = out[alias]
+    if out.get(OPENAI_KEY) and not out.get("REALTIME_REMOTE_TOKEN") and not out.get("REALTIME_HF_TOKEN"):
+        out["REALTIME_REMOTE_TOKEN"] = out[OPENAI_KEY]
     if on_space(out):
         for name, value in SPACE_DEFAULTS.items():
             out.setdefault(name, value)

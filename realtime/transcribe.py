@@ -2,8 +2,9 @@
 
 Decoding and VAD run in a thread of their own and hand speech segments to the event loop through a bounded
 queue, so a long file never sits in memory whole (at most `max_queued` segments wait) and the event loop stays
-free for live sessions. Segments go through `engine.transcribe_batch` in batches of up to `batch_size` (the
-engine's `max_batch_size` by default) while the thread keeps cutting the next ones; results come out in order.
+free for live sessions. Segments go to the engine as file jobs of the shared `Worker` (live finals go first), in
+batches of up to `batch_size` (the worker's by default) while the thread keeps cutting the next ones; results
+come out in order. Given an engine instead of a worker, a worker of its own serves the file.
 
 With `window_s`, consecutive segments are packed into windows of up to that many seconds (the silence between
 them dropped) before they reach the engine: Whisper sees neighbouring sentences, as faster-whisper's own
@@ -16,9 +17,11 @@ Used by `python -m realtime transcribe` and by the HTTP API (realtime/api.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +31,9 @@ from .audio import SAMPLE_RATE, iter_file
 from .engines import Engine, TranscribeOptions, Transcription
 from .transcript import Entry
 from .vad import SegmentEnd, Segmenter, VADConfig
+from .worker import Job, Worker
 
 _DONE = object()
-WINDOW_S = 28.0
-"""Default packing window: a Whisper window (30 s) less the engines' margin, so a window is one request."""
 
 
 @dataclass(frozen=True)
@@ -197,46 +199,82 @@ class SegmentStream:
         self._stop.set()
 
 
+@contextlib.asynccontextmanager
+async def _worker_for(runner: Engine | Worker) -> AsyncIterator[Worker]:
+    if isinstance(runner, Worker):
+        yield runner
+        return
+    worker = Worker(runner, batch_size=runner.max_batch_size)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
 async def transcribe_results(
     path: str | Path,
-    engine: Engine,
+    runner: Engine | Worker,
     vad: VADConfig | None = None,
     options: TranscribeOptions | None = None,
     *,
     batch_size: int | None = None,
-    before_batch: Callable[[], Awaitable[None]] | None = None,
     stream: SegmentStream | None = None,
     window_s: float | None = None,
 ) -> AsyncIterator[tuple[SegmentEnd, Transcription | BaseException]]:
     """(segment, result or the engine's error) per speech segment of the file, in order.
 
-    Raises AudioDecodeError on input that does not decode. `before_batch` is awaited before each batch
-    (the API uses it to let live sessions' finals go first). Pass `stream` to read its `duration` afterwards;
+    Raises AudioDecodeError on input that does not decode. Pass `stream` to read its `duration` afterwards;
     `window_s` packs segments into windows (see the module docstring) when no `stream` is given.
     """
     options = options or TranscribeOptions()
-    size = max(1, batch_size or getattr(engine, "max_batch_size", 1))
     segments = stream or SegmentStream(path, vad, window_s=window_s)
     iterator = segments.__aiter__()
+    name = f"file-{uuid.uuid4().hex[:12]}"
+    n = 0
+    async with _worker_for(runner) as worker:
+        size = max(1, batch_size or worker.batch_size)
+        try:
+            async for first in iterator:
+                batch = [first, *segments.ready(size - 1)]
+                futures = [worker.submit(Job(name, n + i, e.audio, "file", options)) for i, e in enumerate(batch)]
+                n += len(batch)
+                results = await asyncio.gather(*futures, return_exceptions=True)
+                for end, result in zip(batch, results, strict=True):
+                    yield end, result
+        finally:
+            worker.cancel_session(name)
+            segments.close()
+            await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def stream_text(worker: Worker, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
+    """One clip as a file job, its text in deltas as a streaming engine decodes it (else the whole text once)."""
+    texts: asyncio.Queue[str] = asyncio.Queue()
+    job = Job(f"file-{uuid.uuid4().hex[:12]}", 0, audio, "file", options, on_text=texts.put_nowait)
+    future = worker.submit(job)
+    said = ""
     try:
-        async for first in iterator:
-            batch = [first, *segments.ready(size - 1)]
-            if before_batch is not None:
-                await before_batch()
-            try:
-                results = await engine.transcribe_batch([e.audio for e in batch], [options] * len(batch))
-            except Exception as exc:  # an engine that fails a whole batch
-                results = [exc] * len(batch)
-            for end, result in zip(batch, results, strict=True):
-                yield end, result
+        while not (future.done() and texts.empty()):
+            getter = asyncio.ensure_future(texts.get())
+            await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue
+            text = getter.result()
+            if text.startswith(said) and len(text) > len(said):
+                yield text[len(said):]
+                said = text
+        final = future.result().text  # raises the engine's error
+        if final.startswith(said) and len(final) > len(said):
+            yield final[len(said):]
     finally:
-        segments.close()
-        await iterator.aclose()  # type: ignore[attr-defined]
+        worker.cancel(job)
 
 
 async def transcribe_segments(
     path: str | Path,
-    engine: Engine,
+    runner: Engine | Worker,
     vad: VADConfig | None = None,
     options: TranscribeOptions | None = None,
     batch_size: int | None = None,
@@ -247,7 +285,7 @@ async def transcribe_segments(
 
     Raises AudioDecodeError on bad input."""
     n = 0
-    async for end, result in transcribe_results(path, engine, vad, options, batch_size=batch_size,
+    async for end, result in transcribe_results(path, runner, vad, options, batch_size=batch_size,
                                                 window_s=window_s):
         if isinstance(result, BaseException):
             entries = [Entry(n, end.start, end.end, f"transcription failed: {result}", kind="error")]
@@ -260,10 +298,10 @@ async def transcribe_segments(
 
 async def transcribe_file(
     path: str | Path,
-    engine: Engine,
+    runner: Engine | Worker,
     vad: VADConfig | None = None,
     options: TranscribeOptions | None = None,
     batch_size: int | None = None,
     window_s: float | None = None,
 ) -> list[Entry]:
-    return [e async for e in transcribe_segments(path, engine, vad, options, batch_size, window_s)]
+    return [e async for e in transcribe_segments(path, runner, vad, options, batch_size, window_s)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
@@ -48,9 +48,6 @@ class Transcript:
         self.entries.clear()
         self.partial = None
 
-    def finals(self) -> list[Entry]:
-        return [e for e in self.entries if e.kind == "final" and e.text]
-
     def snapshot(self) -> TranscriptSnapshot:
         return TranscriptSnapshot(tuple(self.entries), self.partial)
 
@@ -59,9 +56,6 @@ class Transcript:
 class TranscriptSnapshot:
     entries: tuple[Entry, ...]
     partial: Partial | None
-
-    def text(self) -> str:
-        return to_text(e for e in self.entries if e.kind == "final")
 
 
 def _timestamp(seconds: float, sep: str) -> str:
@@ -105,7 +99,3 @@ def to_json(entries: Iterable[Entry], **extra: Any) -> str:
         ],
     }
     return json.dumps(doc, ensure_ascii=False)
-
-
-def entry_dict(entry: Entry) -> dict[str, Any]:
-    return asdict(entry)

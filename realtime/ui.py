@@ -57,8 +57,9 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
         f'<span class="rt-badge">engine: {html.escape(str(info.get("engine")))}</span>',
         f'<span class="rt-badge">model: {html.escape(str(info.get("model")))}</span>',
     ]
-    if info.get("compute_type"):
-        parts.append(f'<span class="rt-badge">{html.escape(str(info["compute_type"]))}</span>')
+    precision = info.get("summary") or info.get("compute_type")
+    if precision:
+        parts.append(f'<span class="rt-badge">{html.escape(str(precision))}</span>')
     session = service.sessions.get(session_id) if session_id else None
     if session is not None and session.last_latency is not None:
         parts.append(f'<span class="rt-badge">last final latency: {session.last_latency:.2f} s</span>')

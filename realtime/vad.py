@@ -26,6 +26,9 @@ LEVEL_FLOOR = 1e-3
 LEVEL_MAX_GAIN = 30.0
 LEVEL_HALF_LIFE_S = 5.0
 _CONTEXT = 64
+WINDOW_S = 28.0
+"""Files: segments are packed into windows of this much speech, a Whisper window (30 s) less the engines'
+margin, so that a window is one request."""
 
 
 def _silero_model_path() -> Path:

@@ -60,11 +60,6 @@ class Device:
         isa = "AVX-512" if "avx512f" in self.cpu_flags else "AVX2" if "avx2" in self.cpu_flags else "x86"
         return f"cpu ({os.cpu_count()} cores, {isa}{', AMX' if 'amx_tile' in self.cpu_flags else ''})"
 
-    @property
-    def cpu_fp8(self) -> bool:
-        """vLLM's CPU attention stores an fp8 KV cache only with AVX-512 or AMX."""
-        return bool({"avx512f", "amx_tile"} & self.cpu_flags)
-
 
 @dataclass
 class Requested:

@@ -1,11 +1,13 @@
-"""The transcription queue: one engine shared by every session, fed by one asyncio worker.
+"""The transcription queue: the only way into the engine, shared by every live session and every file.
 
-Finals are never dropped and run before partials, in submission order (so each session's order is
-kept). A session has at most one pending partial: a newer one replaces it (coalescing), and pending
-partials wait while finals are queued, so under load partials thin out first. Engines that batch get
-up to `batch_size` jobs at once: finals together, or else partials of several sessions together (never
-mixed, so a final's latency is its own decode, not that of a batch of partials). Memory is bounded by
-`max_pending_audio_s`: a final over that bound is answered at once with an explicit overload error.
+Three lanes. Live finals are never dropped and run first, in submission order (so each session's order
+is kept). A live session has at most one pending partial: a newer one replaces it (coalescing), and
+partials wait while finals are queued, so under load partials thin out first. File jobs (uploads, the
+HTTP API, the command line) wait while live finals are queued and take turns with partials, oldest
+first. Engines that batch get up to `batch_size` jobs of one lane at once (never mixed, so a final's
+latency is its own decode, not that of a batch of partials or of a file's windows). Memory is bounded by
+`max_pending_audio_s`: a live final over that bound is answered at once with an explicit overload error
+(a file's reader waits for its results instead, so its queue holds one batch at most).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Job:
     session: str
     segment: int
     audio: np.ndarray
-    kind: Literal["final", "partial"]
+    kind: Literal["final", "partial", "file"]
     options: TranscribeOptions = field(default_factory=TranscribeOptions)
     future: asyncio.Future[Transcription] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     submitted: float = field(default_factory=time.monotonic)
@@ -48,11 +50,10 @@ class Job:
 class WorkerStats:
     finals: int = 0
     partials: int = 0
+    files: int = 0
+    """File jobs done (packed windows or segments of uploads and command-line files)."""
     partials_shed: int = 0
-    withdrawn: int = 0
-    """Queued or running jobs cancelled by their session (speculative finals whose pause went on)."""
     errors: int = 0
-    busy_seconds: float = 0.0
     engine_latency: float = 0.0
     """Exponential moving average of the engine's seconds per request."""
 
@@ -65,6 +66,7 @@ class Worker:
         self.stats = WorkerStats()
         self._finals: deque[Job] = deque()
         self._partials: dict[str, Job] = {}
+        self._files: deque[Job] = deque()
         self._pending_samples = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -81,15 +83,20 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for job in [*self._finals, *self._partials.values()]:
+        for job in [*self._finals, *self._partials.values(), *self._files]:
             job.future.cancel()
         self._finals.clear()
         self._partials.clear()
+        self._files.clear()
 
     # -- submission
     @property
     def pending_finals(self) -> int:
         return len(self._finals)
+
+    @property
+    def pending_files(self) -> int:
+        return len(self._files)
 
     def submit(self, job: Job) -> asyncio.Future[Transcription]:
         if job.kind == "final":
@@ -99,6 +106,8 @@ class Worker:
                 return job.future
             self._pending_samples += job.audio.size
             self._finals.append(job)
+        elif job.kind == "file":
+            self._files.append(job)
         else:
             old = self._partials.pop(job.session, None)
             if old is not None:
@@ -113,10 +122,10 @@ class Worker:
         if job in self._finals:
             self._finals.remove(job)
             self._pending_samples -= job.audio.size
+        elif job in self._files:
+            self._files.remove(job)
         elif self._partials.get(job.session) is job:
             del self._partials[job.session]
-        if not job.future.done():
-            self.stats.withdrawn += 1
         job.future.cancel()
 
     def has_partial(self, session: str) -> bool:
@@ -141,6 +150,9 @@ class Worker:
             else:
                 kept.append(job)
         self._finals = kept
+        for job in [j for j in self._files if j.session == session]:
+            self._files.remove(job)
+            job.future.cancel()
         for job in self._running:
             if job.session == session:
                 job.future.cancel()
@@ -152,24 +164,29 @@ class Worker:
             job = self._finals.popleft()
             self._pending_samples -= job.audio.size
             batch.append(job)
-        if not batch:
-            # partials never ride with finals (a final would wait for their encoding): a batch of them,
-            # oldest request first across sessions, when no final waits
-            for job in sorted(self._partials.values(), key=lambda j: j.submitted)[:self.batch_size]:
-                del self._partials[job.session]
-                batch.append(job)
+        if batch:
+            return batch
+        # no final waits: partials (oldest request first across sessions) or file jobs, whichever lane's
+        # oldest job came first; one lane per batch
+        partials = sorted(self._partials.values(), key=lambda j: j.submitted)
+        if self._files and (not partials or self._files[0].submitted <= partials[0].submitted):
+            while self._files and len(batch) < self.batch_size:
+                batch.append(self._files.popleft())
+            return batch
+        for job in partials[: self.batch_size]:
+            del self._partials[job.session]
+            batch.append(job)
         return batch
 
     def _streams(self, batch: list[Job]) -> bool:
-        return bool(getattr(self.engine, "streaming", False)) and any(j.on_text is not None for j in batch)
+        return self.engine.streaming and any(j.on_text is not None for j in batch)
 
     async def _call(self, job: Job) -> Transcription:
         """One job; through the engine's `transcribe_stream` (text deltas) when the job wants the text so far."""
-        stream = getattr(self.engine, "transcribe_stream", None)
-        if job.on_text is None or stream is None or not getattr(self.engine, "streaming", False):
+        if job.on_text is None or not self.engine.streaming:
             return await self.engine.transcribe(job.audio, job.options)
         text = ""
-        async for delta in stream(job.audio, job.options):
+        async for delta in self.engine.transcribe_stream(job.audio, job.options):
             text += delta
             if not job.future.done():
                 job.on_text(text.strip())
@@ -190,7 +207,7 @@ class Worker:
                 self._running = batch
                 t0 = time.perf_counter()
                 try:
-                    if getattr(self.engine, "abortable", False) or self._streams(batch):
+                    if self.engine.abortable or self._streams(batch):
                         results = await self._run_abortable(batch)
                     elif len(batch) == 1:
                         try:
@@ -211,7 +228,6 @@ class Worker:
                     results = [exc] * len(batch)
                 elapsed = time.perf_counter() - t0
                 self._running = []
-                self.stats.busy_seconds += elapsed
                 log.debug("batch of %d (%s) in %.3fs", len(batch), ",".join(j.kind[0] for j in batch), elapsed)
                 per = elapsed / len(batch)
                 ema = self.stats.engine_latency
@@ -221,13 +237,17 @@ class Worker:
                         continue
                     if isinstance(result, BaseException):
                         self.stats.errors += 1
-                        log.warning("engine error on %s segment %d: %s", job.kind, job.segment, result)
+                        # a file job's caller reports its error; a live one is only seen here and in the page
+                        log.log(logging.DEBUG if job.kind == "file" else logging.WARNING,
+                                "engine error on %s segment %d: %s", job.kind, job.segment, result)
                         job.future.set_exception(
                             result if isinstance(result, EngineError) else EngineError(str(result) or repr(result))
                         )
                     else:
                         if job.kind == "final":
                             self.stats.finals += 1
+                        elif job.kind == "file":
+                            self.stats.files += 1
                         else:
                             self.stats.partials += 1
                         job.future.set_result(result)

@@ -23,7 +23,8 @@ from realtime.audio import SAMPLE_RATE
 from realtime.client import stream_file
 from realtime.engines import TranscribeOptions
 from realtime.engines.embedded import EmbeddedEngine
-from realtime.transcribe import WINDOW_S, transcribe_file
+from realtime.transcribe import transcribe_file
+from realtime.vad import WINDOW_S
 
 from conftest import ROOT, App, launch, stop
 from real_speech import Clip, clips, compilation, corpus_wer, loops, quiet_copy, wer

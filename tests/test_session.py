@@ -9,6 +9,7 @@ import pytest
 
 from realtime.audio import decode_file
 from realtime.config import Settings
+from realtime.engines import EngineBase
 from realtime.engines.policy import trim_loop
 from realtime.service import TranscriptionService
 from realtime.stabilize import LocalAgreement
@@ -23,7 +24,7 @@ def play(service: TranscriptionService, audio: np.ndarray, session_id: str = "s"
 
     async def scenario():
         await service.start()
-        session = service.open_session(session_id, events.append)
+        session = service.open_session(session_id, lambda e: events.append(e.as_dict()))
         for i in range(0, audio.size, 320):
             session.feed(audio[i : i + 320])
             await asyncio.sleep(0.02 * realtime)
@@ -85,27 +86,20 @@ def test_disconnect_frees_the_session(service, speech_dir):
 def test_engine_failure_is_an_error_entry_and_the_session_goes_on(engine, speech_dir):
     events: list[dict] = []
 
-    class BrokenOnce:
+    class BrokenOnce(EngineBase):
         """Wraps the real engine; finals fail as a crashed engine's would until one failure reached the session
         (a failed speculative final that is withdrawn when speech resumes never does)."""
 
         name = "embedded"
-        max_batch_size = 1
         timestamps = True
 
         async def start(self):
             await engine.start()
 
-        async def transcribe(self, audio, options):
+        async def _decode(self, audio, options):
             if not options.partial and not any(e["type"] == "error" for e in events):
                 raise RuntimeError("engine crashed")
             return await engine.transcribe(audio, options)
-
-        async def transcribe_batch(self, audios, options):
-            return [await self.transcribe(a, o) for a, o in zip(audios, options, strict=True)]
-
-        async def close(self):
-            pass
 
         def describe(self):
             return engine.describe()

@@ -9,7 +9,8 @@ import pytest
 
 from realtime.engines import TranscribeOptions
 from realtime.engines import embedded as embedded_module
-from realtime.transcribe import WINDOW_S, transcribe_file
+from realtime.transcribe import transcribe_file
+from realtime.vad import WINDOW_S
 
 from speech import long_recording, wer
 

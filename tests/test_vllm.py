@@ -27,14 +27,15 @@ import pytest
 from tokenizers import Tokenizer
 from whisper_reference import ct2_directory, decode, window_tokens
 
-from realtime.audio import decode_file
+from realtime.audio import decode_file, split_at_quiet
 from realtime.client import stream_file
 from realtime.config import Settings
 from realtime.convert import cached_checkpoint
 from realtime.engines import EngineError, TranscribeOptions, create_engine
-from realtime.engines.vllm import EngineProcessError, VllmEngine, split_at_quiet
+from realtime.engines.vllm import EngineProcessError, VllmEngine
 from realtime.service import TranscriptionService
-from realtime.transcribe import WINDOW_S, transcribe_file
+from realtime.transcribe import transcribe_file
+from realtime.vad import WINDOW_S
 from realtime.vllm_service import Device, Requested, Vocabulary, resolve_engine_args
 from realtime.worker import Job, Worker
 
@@ -147,7 +148,7 @@ class TestEngine:
 
     @pytest.fixture(scope="class")
     def engine(self, run: Loop, cache_dir: Path) -> Iterator[VllmEngine]:
-        e = VllmEngine(settings(cache_dir))
+        e = VllmEngine.from_settings(settings(cache_dir))
         run(e.start())
         yield e
         pid = e.pid
@@ -315,7 +316,7 @@ def test_engine_killed_mid_stream_is_restarted_and_loses_no_segment(cache_dir, s
 
     async def scenario() -> int:
         await service.start()
-        session = service.open_session("crash", events.append)
+        session = service.open_session("crash", lambda e: events.append(e.as_dict()))
         chunk, first_end = 320, int((speech.spans[0][1] + 1.0) * 16000)
         for i in range(0, first_end, chunk):  # the first sentence and its pause, at 4x real time
             session.feed(audio[i : i + chunk])
@@ -385,7 +386,7 @@ def test_fp8_kv_cache_on_cpu(cache_dir):
     audios = [decode_file(c.path) for c in picked]
 
     def decode_all(kv: str) -> tuple[list[str], str]:
-        engine = VllmEngine(settings(cache_dir, vllm_kv_cache_dtype=kv, vllm_max_num_seqs=4))
+        engine = VllmEngine.from_settings(settings(cache_dir, vllm_kv_cache_dtype=kv, vllm_max_num_seqs=4))
 
         async def scenario() -> list[Any]:
             await engine.start()
@@ -408,7 +409,7 @@ def test_fp8_kv_cache_on_cpu(cache_dir):
               f"({len(picked)} real clips)")
         assert wer_fp8 <= wer_model + FP8_MARGIN
     else:
-        engine = VllmEngine(settings(cache_dir, vllm_kv_cache_dtype="fp8", vllm_max_num_seqs=2))
+        engine = VllmEngine.from_settings(settings(cache_dir, vllm_kv_cache_dtype="fp8", vllm_max_num_seqs=2))
         with pytest.raises(EngineError, match="FP8 KV cache on CPU requires x86 with AVX-512"):
             asyncio.run(engine.start())
         assert engine.pid is not None and gone(engine.pid)

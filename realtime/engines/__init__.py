@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .base import Engine, EngineError, TimedText, TranscribeOptions, Transcription
+from .base import Engine, EngineBase, EngineError, EngineUnavailable, TimedText, TranscribeOptions, Transcription
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -52,7 +52,9 @@ def create_engine(settings: Settings) -> Engine:
 __all__ = [
     "ENGINES",
     "Engine",
+    "EngineBase",
     "EngineError",
+    "EngineUnavailable",
     "TimedText",
     "TranscribeOptions",
     "Transcription",

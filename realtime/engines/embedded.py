@@ -12,7 +12,7 @@ go through faster-whisper's own `transcribe` under the same policy.
 
 With two or more CPU threads the model runs as two CTranslate2 workers, each with half the threads, and a
 batch is split between them: Whisper's small matrices parallelise poorly inside one call (tiny.en decodes a
-single clip faster on one thread than on two), so two half-batches side by side finish about 1.5x sooner.
+single clip faster on one thread than on two), so two half-batches side by side finish sooner (README).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import policy
-from .base import EngineError, TimedText, TranscribeOptions, Transcription
+from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, as_clip, english_only
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -61,10 +60,11 @@ def resolve_model(model: str | None) -> tuple[str, str]:
     return model, model  # a size name ("small.en") or a hub id, downloaded by faster-whisper
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(EngineBase):
     name = "embedded"
     timestamps = True
     max_batch_size = 8
+    long_form = True
 
     def __init__(
         self,
@@ -131,23 +131,27 @@ class EmbeddedEngine:
         log.info("embedded engine ready: %s %s on %s in %.1fs", self.model_name, self.compute_type, self.device,
                  time.perf_counter() - t0)
 
-    async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        result = (await self.transcribe_batch([audio], [options]))[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+    @property
+    def ready(self) -> bool:
+        return self._model is not None
 
-    async def transcribe_batch(
-        self, audios: Sequence[np.ndarray], options: Sequence[TranscribeOptions]
+    @property
+    def translates(self) -> bool:
+        return self._multilingual if self._model is not None else not english_only(self.model_name)
+
+    async def _decode_batch(
+        self, audios: list[np.ndarray], options: list[TranscribeOptions]
     ) -> list[Transcription | BaseException]:
         if self._model is None:
             await self.start()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run_batch, list(audios), list(options))
+        return await loop.run_in_executor(self._executor, self._run_batch, audios, options)
 
     def transcribe_sync(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        """`transcribe` without an event loop, for command-line use and benchmarks."""
         self.load()
-        result = self._run_batch([audio], [options])[0]
+        audio = as_clip(audio)
+        result = self.silent(audio, options) or self._run_batch([policy.normalise(audio)], [options])[0]
         if isinstance(result, BaseException):
             raise result
         return result
@@ -158,10 +162,6 @@ class EmbeddedEngine:
         results: list[Transcription | BaseException | None] = [None] * len(audios)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
-            if policy.is_silent(audio):
-                results[i] = Transcription(text="", language=self.language, duration=audio.size / 16000)
-                continue
-            audios[i] = policy.normalise(audio)
             if opts.timestamps or audio.size > MAX_FRAMES * 160:
                 try:
                     results[i] = self._transcribe_long(audios[i], opts)
@@ -174,7 +174,7 @@ class EmbeddedEngine:
 
         def decode(idxs: list[int]) -> None:
             try:
-                for i, r in zip(idxs, self._decode([audios[i] for i in idxs], options[idxs[0]]), strict=True):
+                for i, r in zip(idxs, self._decode_group([audios[i] for i in idxs], options[idxs[0]]), strict=True):
                     results[i] = r
             except Exception as exc:
                 for i in idxs:
@@ -199,7 +199,7 @@ class EmbeddedEngine:
         return np.stack([np.pad(f[:, :frames], ((0, 0), (0, frames - min(frames, f.shape[1])))) for f in feats]
                         ).astype(np.float32)
 
-    def _decode(self, audios: list[np.ndarray], options: TranscribeOptions) -> list[Transcription]:
+    def _decode_group(self, audios: list[np.ndarray], options: TranscribeOptions) -> list[Transcription]:
         """Clips of at most 30 s, encoded and decoded as one batch. A short clip's encoder input is the clip plus
         a margin of silence rather than a whole 30 s window; a decode that the policy rejects (a loop, a guess)
         is tried again at the next temperature with the whole window, as Whisper was trained."""

@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from .base import TimedText, TranscribeOptions, Transcription
+from .types import TimedText, TranscribeOptions, Transcription
 
 SILENCE_PEAK = 1e-3
 """Below this peak amplitude a clip is digital silence: no model call."""

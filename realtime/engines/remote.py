@@ -23,17 +23,17 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
   says which one is in use, and the page shows it.
 - Streaming: with `stream=True` OpenAI-style endpoints are asked for Server-Sent Events; both vLLM's chunks
   (`choices[].delta.content`, then `[DONE]`) and OpenAI's `transcript.text.delta` / `transcript.text.done`
-  events are read. `transcribe_stream` hands the deltas on as they arrive (the HTTP API forwards them).
+  events are read. `_decode_stream` hands the deltas on as they arrive (the HTTP API forwards them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -45,7 +45,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE, wav_bytes
 from . import policy
-from .base import Engine, EngineError, TimedText, TranscribeOptions, Transcription
+from .base import Engine, EngineBase, EngineError, EngineUnavailable, TimedText, TranscribeOptions, Transcription
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -56,12 +56,8 @@ OPENAI, HF = "openai", "hf"
 RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
-class EndpointUnavailable(EngineError):
+class EndpointUnavailable(EngineUnavailable):
     """No endpoint can take the request now (all circuits open or rate limited)."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class _Retryable(Exception):
@@ -191,9 +187,10 @@ class _Deltas:
             self.emitted = text
 
 
-class RemoteEngine:
+class RemoteEngine(EngineBase):
     name = "remote"
     timestamps = True
+    long_form = True
 
     def __init__(
         self,
@@ -232,6 +229,7 @@ class RemoteEngine:
         self.max_in_flight = max(1, max_in_flight) * len(self.endpoints)
         self.max_batch_size = self.max_in_flight
         self.stream = stream
+        self.streaming = stream
         self.language = language
         self.fallback = fallback
         self.failure_threshold = max(1, failure_threshold)
@@ -251,16 +249,12 @@ class RemoteEngine:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RemoteEngine:
-        token = (settings.remote_token or getattr(settings, "hf_token", "") or os.environ.get("HF_TOKEN")
-                 or os.environ.get("OPENAI_API_KEY"))
-        fallback: Engine | None = None
-        if settings.remote_fallback:
-            from .embedded import EmbeddedEngine
+        from . import create_engine
 
-            fallback = EmbeddedEngine.from_settings(settings)
+        fallback = create_engine(dataclasses.replace(settings, engine="embedded")) if settings.remote_fallback else None
         return cls(
             settings.remote_url,
-            token=token,
+            token=settings.remote_token or settings.hf_token or None,
             model=settings.remote_model,
             timeout=settings.remote_timeout,
             connect_timeout=settings.remote_connect_timeout,
@@ -564,13 +558,10 @@ class RemoteEngine:
 
     async def _transcribe(self, audio: np.ndarray, options: TranscribeOptions,
                           on_delta: Callable[[str], None] | None = None) -> Transcription:
-        if policy.is_silent(audio):  # digital silence never goes over the network
-            return Transcription(text="", language=options.language or self.language, duration=audio.size / 16000)
         deltas = _Deltas(on_delta)
         if not self._fallback_active():
             try:
-                heard = policy.normalise(audio)
-                return await policy.with_fallback(lambda o: self._request(heard, o, deltas), options)
+                return await policy.with_fallback(lambda o: self._request(audio, o, deltas), options)
             except EndpointUnavailable as exc:
                 # a partial that failed once is simply dropped; a final is never lost while a fallback exists
                 if self.fallback is None or (options.partial and not self._fallback_active()):
@@ -582,16 +573,10 @@ class RemoteEngine:
         deltas.offer(result.text)
         return result
 
-    async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+    async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         return await self._transcribe(audio, options)
 
-    async def transcribe_batch(
-        self, audios: Sequence[np.ndarray], options: Sequence[TranscribeOptions]
-    ) -> list[Transcription | BaseException]:
-        return list(await asyncio.gather(*(self._transcribe(a, o) for a, o in zip(audios, options, strict=True)),
-                                         return_exceptions=True))
-
-    async def transcribe_stream(self, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
+    async def _decode_stream(self, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
         """Text deltas as the endpoint produces them (one delta when it does not stream)."""
         queue: asyncio.Queue[str] = asyncio.Queue()
         task = asyncio.ensure_future(self._transcribe(audio, options, on_delta=queue.put_nowait))
@@ -608,8 +593,12 @@ class RemoteEngine:
             task.cancel()
 
     @property
-    def streaming(self) -> bool:
-        return self.stream
+    def ready(self) -> bool:
+        return self._started and (any(ep.state == "closed" for ep in self.endpoints) or self.fallback is not None)
+
+    @property
+    def translates(self) -> bool:
+        return True
 
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -620,12 +609,11 @@ class RemoteEngine:
         model = f"{'/'.join(models) or 'remote model'} @ {hosts}"
         if in_use == "fallback" and fallback is not None:
             model = f"{fallback.get('model')} (fallback: endpoint down)"
-        healthy = any(ep.state == "closed" for ep in self.endpoints)
         return {
             "engine": self.name,
             "model": model,
             "in_use": in_use,
-            "ready": self._started and (healthy or fallback is not None),
+            "ready": self.ready,
             "endpoints": [ep.public(now) for ep in self.endpoints],
             "fallback": fallback.get("model") if fallback else None,
             "fallback_requests": self.fallback_requests,
@@ -633,5 +621,4 @@ class RemoteEngine:
             "max_in_flight": self.max_in_flight,
             "timeout_s": self.timeout,
             "retries": self.retries,
-            "translate": True,
         }

@@ -12,9 +12,9 @@ over HTTP on 127.0.0.1. This module owns that supervision and the client side:
   bundled tiny.en (converted), so it works offline with no flags;
 - supervision: a process that dies is restarted (the segments it was decoding are sent again, so none
   is lost); it is stopped with the app (process group), and stops itself if the app disappears;
-- requests: one HTTP stream per segment, token deltas as vLLM decodes them (`transcribe_stream`);
+- requests: one HTTP stream per segment, token deltas as vLLM decodes them (`_decode_stream`);
   cancelling a request (a stale partial) closes its stream and vLLM aborts it; clips over 30 s are
-  split at quiet points, never truncated; the engine configuration the service resolved for its
+  split at quiet points by the shared base, never truncated; the engine configuration the service resolved for its
   device (fp8 KV cache, CUDA graphs, token budget, dtype) is logged and returned by `describe()`.
 """
 
@@ -31,15 +31,16 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..audio import SAMPLE_RATE
 from . import policy
-from .base import EngineError, TimedText, TranscribeOptions, Transcription
+from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, english_only
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -50,8 +51,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICE = Path(__file__).resolve().parents[1] / "vllm_service.py"
 READY_MARK = "REALTIME_VLLM_READY"
 ERROR_MARK = "REALTIME_VLLM_ERROR"
-SAMPLE_RATE = 16000
-MAX_CLIP_S = 30.0
 RETRIES = 3
 HUB_MODEL = "openai/whisper-large-v3-turbo"
 """The default model on a GPU host that reaches the Hugging Face Hub (or has it cached)."""
@@ -164,23 +163,6 @@ def resolve_python(value: str) -> Path:
 # -- audio helpers
 
 
-def split_at_quiet(audio: np.ndarray, max_s: float = MAX_CLIP_S, search_s: float = 5.0) -> list[np.ndarray]:
-    """Cut audio into pieces of at most `max_s`, each cut at the quietest 20 ms in the last `search_s`."""
-    max_len, search, frame = int(max_s * SAMPLE_RATE), int(search_s * SAMPLE_RATE), 320
-    pieces: list[np.ndarray] = []
-    start = 0
-    while audio.size - start > max_len:
-        lo = start + max_len - search
-        window = audio[lo : start + max_len]
-        n = window.size // frame
-        energy = np.square(window[: n * frame].reshape(n, frame)).mean(axis=1)
-        cut = lo + int(np.argmin(energy)) * frame + frame // 2
-        pieces.append(audio[start:cut])
-        start = cut
-    pieces.append(audio[start:])
-    return pieces
-
-
 async def _exit(proc: asyncio.subprocess.Process) -> int:
     """The process's exit code once it has exited.
 
@@ -195,7 +177,34 @@ async def _exit(proc: asyncio.subprocess.Process) -> int:
 # -- the engine
 
 
-class VllmEngine:
+@dataclass(frozen=True)
+class VllmSettings:
+    """The vLLM engine's own settings: the app's `vllm_*` settings (and `model`, `language`) without the prefix."""
+
+    model: str | None = None
+    language: str | None = None
+    python: str = ".venv-vllm/bin/python"
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    enforce_eager: str = "auto"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 0
+    gpu_memory_utilization: float = 0.85
+    cpu_kv_cache_mb: int = 1024
+    attention_backend: str = "auto"
+    engine_args: str = ""
+    start_timeout: float = 900.0
+    max_restarts: int = 3
+    cache_dir: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VllmSettings:
+        own = {f.name for f in fields(cls)} - {"model", "language"}
+        return cls(model=settings.model, language=settings.language,
+                   **{name: getattr(settings, f"vllm_{name}") for name in own})
+
+
+class VllmEngine(EngineBase):
     name = "vllm"
     timestamps = False
     abortable = True
@@ -203,9 +212,10 @@ class VllmEngine:
     streaming = True
     """`transcribe_stream` gives token deltas: the worker shows partials word by word as they decode."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: VllmSettings) -> None:
         self.settings = settings
-        self.max_batch_size = max(1, settings.vllm_max_num_seqs)
+        self.language = settings.language
+        self.max_batch_size = max(1, settings.max_num_seqs)
         self.model: ModelRef | None = None
         self.python: Path | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -230,35 +240,35 @@ class VllmEngine:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
-        return cls(settings)
+        return cls(VllmSettings.from_settings(settings))
 
     # -- start, supervise, stop
 
     def requested_config(self) -> dict[str, Any]:
         s = self.settings
         extra: dict[str, Any] = {}
-        if s.vllm_engine_args:
+        if s.engine_args:
             try:
-                extra = json.loads(s.vllm_engine_args)
+                extra = json.loads(s.engine_args)
             except ValueError as exc:
                 raise EngineProcessError(f"--vllm-engine-args is not JSON: {exc}") from exc
             if not isinstance(extra, dict):
                 raise EngineProcessError("--vllm-engine-args must be a JSON object")
         assert self.model is not None
         return {
-            "model": self.model.ref, "dtype": s.vllm_dtype, "kv_cache_dtype": s.vllm_kv_cache_dtype,
-            "enforce_eager": s.vllm_enforce_eager, "max_num_seqs": s.vllm_max_num_seqs,
-            "max_num_batched_tokens": s.vllm_max_num_batched_tokens,
-            "gpu_memory_utilization": s.vllm_gpu_memory_utilization, "cpu_kv_cache_mb": s.vllm_cpu_kv_cache_mb,
-            "attention_backend": s.vllm_attention_backend, "extra": extra,
+            "model": self.model.ref, "dtype": s.dtype, "kv_cache_dtype": s.kv_cache_dtype,
+            "enforce_eager": s.enforce_eager, "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "gpu_memory_utilization": s.gpu_memory_utilization, "cpu_kv_cache_mb": s.cpu_kv_cache_mb,
+            "attention_backend": s.attention_backend, "extra": extra,
         }
 
     async def start(self) -> None:
         if self._ready.is_set():
             return
-        self.python = resolve_python(self.settings.vllm_python)
+        self.python = resolve_python(self.settings.python)
         loop = asyncio.get_running_loop()
-        self.model = await loop.run_in_executor(None, resolve_model, self.settings.model, self.settings.vllm_cache_dir)
+        self.model = await loop.run_in_executor(None, resolve_model, self.settings.model, self.settings.cache_dir)
         import httpx
 
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None),
@@ -303,7 +313,7 @@ class VllmEngine:
         ready = asyncio.get_running_loop().create_future()
         self._reader = asyncio.get_running_loop().create_task(self._read_output(proc, ready))
         exited = asyncio.ensure_future(_exit(proc))
-        timeout = self.settings.vllm_start_timeout
+        timeout = self.settings.start_timeout
         try:
             done, _ = await asyncio.wait({ready, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -399,7 +409,7 @@ class VllmEngine:
                     break
                 except EngineError as exc:
                     failures += 1
-                    if failures > self.settings.vllm_max_restarts:
+                    if failures > self.settings.max_restarts:
                         self._failed = EngineError(f"the vLLM engine keeps failing to restart: {exc}")
                         log.error("%s", self._failed)
                         self._ready.set()  # wake the waiters; they see the failure
@@ -427,6 +437,15 @@ class VllmEngine:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._failed is None
+
+    @property
+    def translates(self) -> bool:
+        name = self.model.name if self.model else (self.settings.model or "tiny.en")
+        return not english_only(name)
+
     def describe(self) -> dict[str, Any]:
         info = self._ready_info or {}
         cfg = dict(info.get("config") or {})
@@ -438,12 +457,13 @@ class VllmEngine:
         return {
             "engine": self.name,
             "model": self.model.name if self.model else (self.settings.model or "tiny.en (bundled)"),
-            "ready": self._ready.is_set() and self._failed is None,
-            "compute_type": summary,
+            "ready": self.ready,
             **cfg,
+            "compute_type": cfg.get("dtype"),
+            "summary": summary,
             "engine_pid": self.pid,
             "engine_url": self._url or None,
-            "python": str(self.python) if self.python else self.settings.vllm_python,
+            "python": str(self.python) if self.python else self.settings.python,
             "startup_s": round(self.startup_s, 1) if self.startup_s else None,
             "restarts": self.restarts,
             "retried_requests": self.retried,
@@ -462,7 +482,7 @@ class VllmEngine:
             raise EngineError("the engine is shutting down")
         if not self._ready.is_set():
             try:
-                await asyncio.wait_for(self._ready.wait(), self.settings.vllm_start_timeout)
+                await asyncio.wait_for(self._ready.wait(), self.settings.start_timeout)
             except TimeoutError:
                 raise EngineError("the vLLM engine is not available (restarting)") from None
         if self._failed is not None:
@@ -482,7 +502,7 @@ class VllmEngine:
         if options.temperature is not None:
             params["temperature"] = options.temperature
         params["max_tokens"] = policy.max_new_tokens(audio.size / SAMPLE_RATE)
-        body = np.ascontiguousarray(policy.normalise(audio), dtype="<f4").tobytes()
+        body = np.ascontiguousarray(audio, dtype="<f4").tobytes()
         finished = False
         kind = "partial" if options.partial else "final"
         self.in_flight[kind] += 1
@@ -528,33 +548,22 @@ class VllmEngine:
             self._pending_aborts.add(task)
             task.add_done_callback(self._pending_aborts.discard)
 
-    async def transcribe_stream(self, audio: np.ndarray, options: TranscribeOptions | None = None
-                                ) -> AsyncIterator[str]:
-        """Text deltas as vLLM decodes them (one per token or so); longer audio is streamed piece by piece.
+    async def _decode_stream(self, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
+        """Text deltas as vLLM decodes them (one per token or so).
 
         Not retried: a stream that breaks raises EngineError (partials are replaced soon anyway).
         Closing the iterator early aborts the request in the engine.
         """
-        options = options or TranscribeOptions(partial=True)
-        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         await self._until_ready()
-        for n, piece in enumerate(split_at_quiet(audio)):
-            if policy.is_silent(piece):
-                continue
-            first = True
-            try:
-                async for event in self._stream(piece, options, uuid.uuid4().hex[:12]):
-                    if event.get("delta"):
-                        yield (" " if n and first else "") + event["delta"]
-                        first = False
-            except _Broken as exc:
-                raise EngineError(f"the vLLM engine connection broke: {exc}") from exc
+        try:
+            async for event in self._stream(audio, options, uuid.uuid4().hex[:12]):
+                if event.get("delta"):
+                    yield event["delta"]
+        except _Broken as exc:
+            raise EngineError(f"the vLLM engine connection broke: {exc}") from exc
 
-    async def _one(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+    async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         """One clip of at most 30 s, under the decoding policy (temperature fallback, loop guard)."""
-        if policy.is_silent(audio):
-            return Transcription(text="", language=options.language or self.settings.language,
-                                 duration=audio.size / SAMPLE_RATE)
         return await policy.with_fallback(lambda o: self._request(audio, o), options)
 
     async def _request(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
@@ -589,7 +598,7 @@ class VllmEngine:
 
     async def _recovered(self, generation: int) -> None:
         """Wait until a restarted process serves (or, if the process is alive after all, a moment)."""
-        deadline = time.monotonic() + self.settings.vllm_start_timeout
+        deadline = time.monotonic() + self.settings.start_timeout
         alive_since = None
         while time.monotonic() < deadline:
             if self._failed is not None:
@@ -605,27 +614,3 @@ class VllmEngine:
                 alive_since = None
             await asyncio.sleep(0.1)
         raise EngineError("the vLLM engine did not come back")
-
-    async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-        if audio.size <= MAX_CLIP_S * SAMPLE_RATE:
-            return await self._one(audio, options)
-        pieces = split_at_quiet(audio)
-        results = await asyncio.gather(*(self._one(p, options) for p in pieces))
-        offset, segments = 0.0, []
-        for piece, result in zip(pieces, results, strict=True):
-            if result.text:
-                segments.append(TimedText(offset, offset + piece.size / SAMPLE_RATE, result.text))
-            offset += piece.size / SAMPLE_RATE
-        return Transcription(
-            text=" ".join(s.text for s in segments), language=results[0].language, duration=audio.size / SAMPLE_RATE,
-            segments=tuple(segments), engine_seconds=max(r.engine_seconds for r in results),
-            extra={"pieces": len(pieces)},
-        )
-
-    async def transcribe_batch(
-        self, audios: Sequence[np.ndarray], options: Sequence[TranscribeOptions]
-    ) -> list[Transcription | BaseException]:
-        """All clips sent at once: vLLM schedules them together (encoder and decoder batched)."""
-        return list(await asyncio.gather(*(self.transcribe(a, o) for a, o in zip(audios, options, strict=True)),
-                                         return_exceptions=True))
