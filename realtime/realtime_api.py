@@ -41,6 +41,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,10 +293,12 @@ class _Item:
 
 
 class RealtimeConnection:
-    """One WebSocket: client events in, the session's events out as OpenAI's server events."""
+    """One client (a WebSocket, or a WebRTC call's data channel): client events in, the session's events out as
+    OpenAI's server events through `send_text`."""
 
-    def __init__(self, ws: WebSocket, service: TranscriptionService, config: Config, expires_at: int) -> None:
-        self.ws = ws
+    def __init__(self, service: TranscriptionService, config: Config, expires_at: int,
+                 send_text: Callable[[str], Awaitable[None]]) -> None:
+        self.send_text = send_text
         self.service = service
         self.id = _id("sess")
         self.config = config
@@ -310,6 +313,7 @@ class RealtimeConnection:
         self.manual_samples = 0
         self.manual_index = 0
         self.closed_reason: ClosedEvent | None = None
+        self._full_said = False
 
     # -- output
     def send(self, event: dict[str, Any]) -> None:
@@ -325,7 +329,7 @@ class RealtimeConnection:
             event = await self.outbox.get()
             if event is None:
                 return
-            await self.ws.send_text(json.dumps(event, ensure_ascii=False))
+            await self.send_text(json.dumps(event, ensure_ascii=False))
 
     # -- the pipeline session
     def open(self) -> None:
@@ -408,6 +412,22 @@ class RealtimeConnection:
                                                  "message": message, "param": None}})
 
     # -- client events
+    def receive(self, text: str | None) -> None:
+        """One client message: handled, or answered with an `error` (with the client's event_id if it gave one)."""
+        client_id = None
+        try:
+            if text is None:
+                raise EventError("send events as JSON text frames, not binary", "invalid_event")
+            if len(text) <= MAX_EVENT_BYTES:
+                try:
+                    doc = json.loads(text)
+                    client_id = doc.get("event_id") if isinstance(doc, dict) else None
+                except ValueError:
+                    pass
+            self.handle(text)
+        except EventError as exc:
+            self.error(exc.message, exc.code, exc.param, client_id if isinstance(client_id, str) else None)
+
     def handle(self, text: str) -> None:
         if len(text) > MAX_EVENT_BYTES:
             raise EventError(f"the event ({len(text) / 2**20:.1f} MiB) is larger than the limit of "
@@ -453,16 +473,21 @@ class RealtimeConnection:
             raw = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise EventError("audio is not valid base64", "invalid_value", "audio") from None
-        if self.session is None:
-            return
-        samples = self.audio(raw)
-        if not samples.size:
+        if self.session is not None:
+            self.feed(self.audio(raw))
+
+    def feed(self, samples: np.ndarray) -> None:
+        """16 kHz mono float32 into the session (server VAD) or the manual buffer."""
+        if self.session is None or not samples.size:
             return
         self.audio_started = True
         if self.config.vad:
             self.session.feed(samples)
             return
         if (self.manual_samples + samples.size) / SAMPLE_RATE > MANUAL_MAX_S:
+            if self._full_said:
+                return
+            self._full_said = True  # once until the next commit or clear (a media track sends 50 frames a second)
             raise EventError(f"the input audio buffer holds at most {MANUAL_MAX_S:g} s without turn detection; "
                              "commit or clear it first (this audio was dropped)", "input_audio_buffer_full", "audio")
         self.manual.append(samples)
@@ -484,7 +509,7 @@ class RealtimeConnection:
                              f"buffer has {self.manual_samples / SAMPLE_RATE * 1000:.0f} ms",
                              "input_audio_buffer_commit_empty")
         audio = np.concatenate(self.manual)
-        self.manual, self.manual_samples = [], 0
+        self.manual, self.manual_samples, self._full_said = [], 0, False
         item = _Item(_id("item"))
         self._committed(item.id)
         self.manual_index += 1
@@ -508,7 +533,7 @@ class RealtimeConnection:
             if open_item is not None:
                 open_item.discarded = True
             session.flush()
-        self.manual, self.manual_samples = [], 0
+        self.manual, self.manual_samples, self._full_said = [], 0, False
         self.send({"type": "input_audio_buffer.cleared"})
 
 
@@ -523,6 +548,109 @@ def _bearer(value: str) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+class _Call:
+    """One WebRTC call: the offer's audio track into a `RealtimeConnection`, its events on the `oai-events` data
+    channel (aiortc as the server's peer; no ICE servers: host candidates, 127.0.0.1 only with --ice-loopback)."""
+
+    def __init__(self, service: TranscriptionService, config: Config, expires_at: int) -> None:
+        from aiortc import RTCConfiguration, RTCPeerConnection
+
+        self.id = _id("rtc")
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.channel: Any = None
+        self.channel_open = asyncio.Event()
+        self.conn = RealtimeConnection(service, config, expires_at, self._send)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.ended = False
+        self.on_end: Callable[[], object] | None = None
+
+    async def _send(self, text: str) -> None:
+        await self.channel_open.wait()
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(text)
+
+    def _task(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def answer(self, offer: str) -> str:
+        from aiortc import RTCSessionDescription
+
+        pc = self.pc
+
+        @pc.on("datachannel")
+        def on_datachannel(channel: Any) -> None:
+            if self.channel is not None:
+                return
+            self.channel = channel
+
+            @channel.on("message")
+            def on_message(message: str | bytes) -> None:
+                self.conn.receive(message if isinstance(message, str) else None)
+
+            if channel.readyState == "open":
+                self.channel_open.set()
+            channel.on("open", self.channel_open.set)
+
+        @pc.on("track")
+        def on_track(track: Any) -> None:
+            if track.kind == "audio":
+                self._task(self._read(track))
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                await self.hang_up()
+
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        await pc.setLocalDescription(await pc.createAnswer())
+        self.conn.open()
+        self.conn.send({"type": "session.created", "session": self.conn.config.as_session(self.conn.id,
+                                                                                          self.conn.expires_at)})
+        self._task(self._run_sender())
+        return pc.localDescription.sdp
+
+    async def _run_sender(self) -> None:
+        try:
+            await self.conn.sender()
+        finally:
+            if self.conn.closed_reason is not None:  # the server ended the session: the error went out first
+                await asyncio.sleep(0.5)
+                await self.hang_up()
+
+    async def _read(self, track: Any) -> None:
+        import av
+        from aiortc.mediastreams import MediaStreamError
+
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        while not self.ended:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            for out in resampler.resample(frame):
+                try:
+                    self.conn.feed(out.to_ndarray().reshape(-1).astype(np.float32, copy=False))
+                except EventError as exc:
+                    self.conn.error(exc.message, exc.code, exc.param)
+
+    async def hang_up(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.conn.close()
+        self.conn.outbox.put_nowait(None)
+        self.channel_open.set()
+        for task in list(self.tasks):
+            if task is not asyncio.current_task():
+                task.cancel()
+        await self.pc.close()
+        if self.on_end is not None:
+            self.on_end()
+        log.info("realtime call %s ended", self.id)
+
+
 def create_realtime_router(service: TranscriptionService) -> APIRouter:
     settings = service.settings
     router = APIRouter()
@@ -533,14 +661,17 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
         return Config(language=settings.language, threshold=base.threshold, prefix_padding_ms=base.pad_before_ms,
                       silence_duration_ms=base.min_silence_ms)
 
-    def offered(ws: WebSocket) -> list[str]:
-        raw = ws.headers.get("sec-websocket-protocol", "")
+    def expires_at() -> int:
+        return int(time.time()) + int(settings.session_time_limit or 3600)
+
+    def offered(headers: Any) -> list[str]:
+        raw = headers.get("sec-websocket-protocol", "")
         return [p.strip() for p in raw.split(",") if p.strip()]
 
-    def authorize(ws: WebSocket) -> tuple[bool, Config | None]:
-        """(allowed, the configuration an ephemeral secret carries)."""
-        tokens = [t for t in (_bearer(ws.headers.get("authorization", "")),) if t]
-        tokens += [p[len(SUBPROTOCOL_KEY):] for p in offered(ws) if p.startswith(SUBPROTOCOL_KEY)]
+    def authorize(headers: Any) -> tuple[bool, Config | None]:
+        """(allowed, the configuration an ephemeral secret carries): the Bearer header or the key subprotocol."""
+        tokens = [t for t in (_bearer(headers.get("authorization", "")),) if t]
+        tokens += [p[len(SUBPROTOCOL_KEY):] for p in offered(headers) if p.startswith(SUBPROTOCOL_KEY)]
         now = time.time()
         for expired in [k for k, v in secrets_.items() if v.expires_at <= now]:
             del secrets_[expired]
@@ -562,22 +693,19 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
 
     @router.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
-        allowed, secret_config = authorize(ws)
+        allowed, secret_config = authorize(ws.headers)
         if not allowed:
             log.info("realtime connection refused: missing or wrong API key")
             await refuse(ws, 401, "missing or wrong API key: send 'Authorization: Bearer <key>' or the subprotocol "
                                   f"'{SUBPROTOCOL_KEY}<key>'", "invalid_api_key")
             return
-        if not service.ready or not service.engine.ready:
-            await refuse(ws, 503, "the transcription engine is not ready", "engine_not_ready")
+        busy = unavailable()
+        if busy is not None:
+            await refuse(ws, *busy)
             return
-        if len(service.sessions) >= settings.concurrency_limit:
-            await refuse(ws, 503, f"the server is at its limit of {settings.concurrency_limit} sessions; retry later",
-                         "session_limit_reached")
-            return
-        await ws.accept(subprotocol="realtime" if "realtime" in offered(ws) else None)
+        await ws.accept(subprotocol="realtime" if "realtime" in offered(ws.headers) else None)
         config = secret_config or default_config()
-        conn = RealtimeConnection(ws, service, config, int(time.time()) + int(settings.session_time_limit or 3600))
+        conn = RealtimeConnection(service, config, expires_at(), ws.send_text)
         conn.open()
         log.info("realtime session %s opened (intent=%s, model=%s)", conn.id, ws.query_params.get("intent"),
                  ws.query_params.get("model"))
@@ -593,20 +721,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
                 message = receive.result()
                 if message["type"] == "websocket.disconnect":
                     break
-                text = message.get("text")
-                client_id = None
-                try:
-                    if text is None:
-                        raise EventError("send events as JSON text frames, not binary", "invalid_event")
-                    if len(text) <= MAX_EVENT_BYTES:
-                        try:
-                            doc = json.loads(text)
-                            client_id = doc.get("event_id") if isinstance(doc, dict) else None
-                        except ValueError:
-                            pass
-                    conn.handle(text)
-                except EventError as exc:
-                    conn.error(exc.message, exc.code, exc.param, client_id if isinstance(client_id, str) else None)
+                conn.receive(message.get("text"))
         except WebSocketDisconnect:
             pass
         except Exception:
@@ -627,12 +742,71 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
                     pass
             log.info("realtime session %s closed", conn.id)
 
+    def unavailable() -> tuple[int, str, str] | None:
+        if not service.ready or not service.engine.ready:
+            return 503, "the transcription engine is not ready", "engine_not_ready"
+        if len(service.sessions) >= settings.concurrency_limit:
+            return (503, f"the server is at its limit of {settings.concurrency_limit} sessions; retry later",
+                    "session_limit_reached")
+        return None
+
+    def fail(status: int, message: str, code: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error" if status < 500 else
+                                       "server_error", "code": code, "param": None}}, status_code=status)
+
+    calls: dict[str, _Call] = {}
+
+    @router.post("/v1/realtime/calls", include_in_schema=False)
+    async def create_call(request: Request) -> Response:
+        allowed, secret_config = authorize(request.headers)
+        if not allowed:
+            return fail(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or an ephemeral secret)",
+                        "invalid_api_key")
+        busy = unavailable()
+        if busy is not None:
+            return fail(*busy)
+        config = secret_config or default_config()
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "multipart/form-data":  # OpenAI's other form: the offer and a session configuration
+            form = await request.form()
+            sdp = form.get("sdp")
+            raw_session = form.get("session")
+            if raw_session is not None:
+                try:
+                    config = apply_update(config, json.loads(str(raw_session)), audio_started=False)
+                except ValueError:
+                    return fail(400, "the session field must be JSON", "invalid_json")
+                except EventError as exc:
+                    return fail(422, exc.message, exc.code)
+        else:
+            sdp = (await request.body()).decode("utf-8", "replace")
+        if not isinstance(sdp, str) or not sdp.lstrip().startswith("v="):
+            return fail(400, "the body must be an SDP offer (Content-Type: application/sdp)", "invalid_offer")
+        call = _Call(service, config, expires_at())
+        try:
+            answer = await call.answer(sdp)
+        except Exception as exc:
+            await call.hang_up()
+            log.info("realtime call refused: %s", exc)
+            return fail(400, f"the SDP offer was not accepted ({type(exc).__name__}: {exc})", "invalid_offer")
+        calls[call.id] = call
+        call.on_end = lambda: calls.pop(call.id, None)
+        log.info("realtime call %s opened (session %s)", call.id, call.conn.id)
+        return Response(answer, status_code=201, media_type="application/sdp",
+                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
+
+    @router.post("/v1/realtime/calls/{call_id}/hangup", include_in_schema=False)
+    async def hangup(call_id: str, request: Request) -> Response:
+        if settings.api_key and not authorize(request.headers)[0]:
+            return fail(401, "missing or wrong API key", "invalid_api_key")
+        call = calls.get(call_id)
+        if call is None:
+            return fail(404, f"no call {call_id}", "unknown_call")
+        await call.hang_up()
+        return Response(status_code=200)
+
     @router.post("/v1/realtime/client_secrets", include_in_schema=False)
     async def client_secrets(request: Request) -> Response:
-        def fail(status: int, message: str, code: str) -> JSONResponse:
-            return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": code,
-                                           "param": None}}, status_code=status)
-
         token = _bearer(request.headers.get("authorization", ""))
         if settings.api_key and not (token and hmac.compare_digest(token.encode(), settings.api_key.encode())):
             return fail(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
