@@ -529,3 +529,45 @@ def test_webrtc_call_with_an_ephemeral_secret(rt_app, tmp_path):
     while rt_app.health()["sessions"] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert rt_app.health()["sessions"] == 0, "hangup ends the session"
+
+
+def test_an_engine_failure_is_a_failed_item_and_the_session_goes_on(tmp_path):
+    """The remote engine against an endpoint that answers 500 once: that commit's item gets `.failed`, the next
+    one `.completed`."""
+    from endpoints import FakeEndpoint, segment_audio
+
+    endpoint = FakeEndpoint()
+    endpoint.script.extend(["500"])
+    app = launch(tmp_path, "--engine", "remote", "--remote-url", f"{endpoint.url}/v1/audio/transcriptions",
+                 "--remote-retries", "0")
+    try:
+        async def go() -> Recorder:
+            async with sdk(app, "no-key-needed").realtime.connect() as conn:
+                rec = Recorder(conn)
+                await conn.session.update(session={"type": "transcription",
+                                                   "audio": {"input": {"turn_detection": None}}})
+                await rec.next("session.updated", 0)
+                for n in (1, 2):
+                    at = len(rec.events)
+                    await play(conn, segment_audio(n, 0.6))
+                    await conn.input_audio_buffer.commit()
+                    await rec.until(lambda at=at: any(e.type.startswith("conversation.item.input_audio_transcription.")
+                                                      and e.type != "conversation.item.input_audio_transcription.delta"
+                                                      for _, e in rec.events[at:]), timeout=30)
+                await conn.close()
+            rec.task.cancel()
+            return rec
+
+        rec = run(go())
+        failed = rec.of("conversation.item.input_audio_transcription.failed")
+        completed = rec.of("conversation.item.input_audio_transcription.completed")
+        assert len(failed) == 1 and len(completed) == 1
+        committed = [e.item_id for e in rec.of("input_audio_buffer.committed")]
+        assert [failed[0].item_id, completed[0].item_id] == committed
+        assert failed[0].error.type == "server_error" and failed[0].error.message
+        # the fake endpoint reads a segment id from the audio's first sample ("segment N"); the stream resampler's
+        # delay carries the previous clip's level into it, so only the form is checked
+        assert completed[0].transcript.startswith("segment ")
+    finally:
+        stop(app)
+        endpoint.close()
