@@ -571,3 +571,40 @@ def test_an_engine_failure_is_a_failed_item_and_the_session_goes_on(tmp_path):
     finally:
         stop(app)
         endpoint.close()
+
+
+def test_openai_browser_example_in_headless_chromium(tmp_path):
+    """OpenAI's browser flow in Chromium (tests/realtime_browser_check.py, in a loopback-only network namespace):
+    client secret, microphone track, `oai-events` data channel, offer to /v1/realtime/calls; real speech from the
+    fake microphone comes back as deltas and completed transcripts, over loopback ICE only."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from conftest import ROOT
+
+    for tool in ("/usr/bin/chromium", "unshare", "ip"):
+        assert shutil.which(tool), f"{tool} is required (apt-get install chromium util-linux iproute2)"
+    picked = pick(PICKED_WEBRTC[:2])
+    comp = compilation(picked, tmp_path / "mic.wav", lead=1.0, tail=2.0)
+    out = tmp_path / "browser.json"
+    check = [sys.executable, str(ROOT / "tests" / "realtime_browser_check.py"), "--wav", str(comp.path),
+             "--out", str(out), "--key", KEY]
+    proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and out.exists(), f"browser check failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    r = json.loads(out.read_text())
+    rec = Recorder.__new__(Recorder)
+    rec.events = [(t, json.loads(json.dumps(e), object_hook=lambda d: SimpleNamespace(**d))) for t, e in r["events"]]
+    items = check_items(rec)
+    assert items and all("completed" in i for i in items.values()), r["app_log"]
+    text = " ".join(i["transcript"] for i in items.values() if i.get("transcript"))
+    print(f"\nChromium, OpenAI's browser example: {len(items)} items, heard: {text}; ICE pairs {r['ice_pairs']}")
+    assert corpus_wer([comp.text], [text]) <= 0.25, text
+    assert any(i["deltas"] for i in items.values())
+    assert r["ice_pairs"] and all(a in ("127.0.0.1", "::1") for pair in r["ice_pairs"] for a in pair), r["ice_pairs"]
+    outside = [u for u in r["requests"] if not u.startswith(("http://127.0.0.1", "data:", "blob:"))]
+    assert not outside, outside
