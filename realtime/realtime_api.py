@@ -289,7 +289,6 @@ class _Item:
     id: str
     sent: list[str] = field(default_factory=list)
     discarded: bool = False
-    started_wall: float = 0.0
 
 
 class RealtimeConnection:
@@ -358,7 +357,7 @@ class RealtimeConnection:
         if not self.config.vad:
             return  # manual mode: the segmenter only keeps the limits informed; commits make the items
         if isinstance(event, SpeechStarted):
-            item = self.items[event.segment] = _Item(_id("item"), started_wall=time.monotonic())
+            item = self.items[event.segment] = _Item(_id("item"))
             start_ms = max(0, round(event.start * 1000) - self.config.prefix_padding_ms)
             self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": start_ms, "item_id": item.id})
             return
@@ -703,7 +702,9 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
         if busy is not None:
             await refuse(ws, *busy)
             return
-        await ws.accept(subprotocol="realtime" if "realtime" in offered(ws.headers) else None)
+        # a browser fails the handshake unless one of the subprotocols it offered is chosen (never the key's)
+        choices = [p for p in offered(ws.headers) if not p.startswith(SUBPROTOCOL_KEY)]
+        await ws.accept(subprotocol="realtime" if "realtime" in choices else (choices[0] if choices else None))
         config = secret_config or default_config()
         conn = RealtimeConnection(service, config, expires_at(), ws.send_text)
         conn.open()
