@@ -608,3 +608,29 @@ def test_openai_browser_example_in_headless_chromium(tmp_path):
     assert r["ice_pairs"] and all(a in ("127.0.0.1", "::1") for pair in r["ice_pairs"] for a in pair), r["ice_pairs"]
     outside = [u for u in r["requests"] if not u.startswith(("http://127.0.0.1", "data:", "blob:"))]
     assert not outside, outside
+
+
+def test_a_realtime_session_and_a_page_session_share_the_engine(rt_app, tmp_path):
+    """A Realtime API session and a page session (WebRTC, /webrtc/offer) at the same time on the one engine: each
+    gets its own speech back, as well as the file transcription of its clips."""
+    from realtime.client import stream_file
+
+    ours_clips, page_clips = pick(PICKED_MANUAL), pick(PICKED_G711[:2])
+    ours = compilation(ours_clips, tmp_path / "ours.wav")
+    page = compilation(page_clips, tmp_path / "page.wav")
+
+    async def both() -> tuple[tuple[Recorder, float], Any]:
+        return await asyncio.gather(live_session(rt_app, decode_file(ours.path), "audio/pcm"),
+                                    stream_file(rt_app.url, page.path, ice_loopback=True))
+
+    (rec, _), result = run(both())
+    items = check_items(rec)
+    live = per_clip(items, ours.spans)
+    page_text = " ".join(e["text"] for e in result.events if e["type"] == "final")
+    files = file_texts(rt_app, [c.path for c in ours_clips + page_clips])
+    live_wer, file_wer = corpus_wer(ours.texts, live), corpus_wer(ours.texts, files[:2])
+    page_wer, page_file_wer = corpus_wer([page.text], [page_text]), corpus_wer([page.text], [" ".join(files[2:])])
+    print(f"\nrealtime session beside a page session: realtime WER {100 * live_wer:.2f} % (file {100 * file_wer:.2f} "
+          f"%), page WER {100 * page_wer:.2f} % (file {100 * page_file_wer:.2f} %)")
+    assert live_wer <= file_wer + margin(ours.texts)
+    assert page_wer <= page_file_wer + margin([page.text])
