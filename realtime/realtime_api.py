@@ -5,7 +5,8 @@ openai SDK's `openai.types.realtime`) and the app's live pipeline. Each connecti
 `TranscriptionSession` of the shared `TranscriptionService` (the page's sessions, same engine, worker and
 batching); nothing here transcribes by itself.
 
-Client events: `session.update` (a session of `type` `transcription`: `audio.input.format` `audio/pcm` at
+Client events: `session.update` (a session of `type` `transcription`, or the beta API's
+`transcription_session.update`, answered with `transcription_session.updated`: `audio.input.format` `audio/pcm` at
 24 kHz, `audio/pcmu` or `audio/pcma` at 8 kHz; `audio.input.transcription` `model`, `language`, `prompt`;
 `audio.input.turn_detection` `server_vad` with `threshold`, `prefix_padding_ms`, `silence_duration_ms`, or
 `null` for manual commits; `noise_reduction` and `include` are accepted, echoed and ignored),
@@ -261,6 +262,40 @@ def apply_update(config: Config, session: Any, audio_started: bool) -> Config:
     return new
 
 
+BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+
+
+def from_beta(session: Any) -> dict[str, Any]:
+    """A beta `transcription_session.update`'s session (`input_audio_format`, `input_audio_transcription`,
+    `turn_detection`, `input_audio_noise_reduction`) in the GA shape."""
+    s = _dict(session, "session")
+    inp: dict[str, Any] = {}
+    if s.get("input_audio_format") is not None:
+        fmt = s["input_audio_format"]
+        if fmt not in BETA_FORMATS:
+            raise EventError(f"input_audio_format must be pcm16, g711_ulaw or g711_alaw (got {fmt!r})",
+                             "invalid_value", "session.input_audio_format")
+        inp["format"] = {"type": BETA_FORMATS[fmt]}
+    for beta, ga in (("input_audio_transcription", "transcription"), ("turn_detection", "turn_detection"),
+                     ("input_audio_noise_reduction", "noise_reduction")):
+        if beta in s:
+            inp[ga] = s[beta]
+    out: dict[str, Any] = {"type": "transcription", "audio": {"input": inp}}
+    if "include" in s:
+        out["include"] = s["include"]
+    return out
+
+
+def as_beta(session: dict[str, Any]) -> dict[str, Any]:
+    """The effective configuration as the beta `transcription_session.updated` shows it."""
+    inp = session["audio"]["input"]
+    return {"id": session["id"], "object": session["object"], "expires_at": session["expires_at"],
+            "include": session["include"],
+            "input_audio_format": {v: k for k, v in BETA_FORMATS.items()}[inp["format"]["type"]],
+            "input_audio_transcription": inp["transcription"], "turn_detection": inp["turn_detection"],
+            "input_audio_noise_reduction": inp["noise_reduction"]}
+
+
 def _words(text: str) -> list[str]:
     return text.split()
 
@@ -440,6 +475,8 @@ class RealtimeConnection:
         kind = event["type"]
         if kind == "session.update":
             self.update(event.get("session"))
+        elif kind == "transcription_session.update":  # the beta API's form, still sent by older clients
+            self.update(from_beta(event.get("session")), beta=True)
         elif kind == "input_audio_buffer.append":
             self.append(event.get("audio"))
         elif kind == "input_audio_buffer.commit":
@@ -452,7 +489,7 @@ class RealtimeConnection:
             raise EventError(f"unknown event type {kind!r}; a transcription session takes session.update and "
                              "input_audio_buffer.append, .commit and .clear", "invalid_value", "type")
 
-    def update(self, session: Any) -> None:
+    def update(self, session: Any, beta: bool = False) -> None:
         new = apply_update(self.config, session, self.audio_started)
         old, self.config = self.config, new
         if new.format != old.format:
@@ -463,7 +500,11 @@ class RealtimeConnection:
             self.open()
         else:
             self._apply_options()
-        self.send({"type": "session.updated", "session": self.config.as_session(self.id, self.expires_at)})
+        shown = self.config.as_session(self.id, self.expires_at)
+        if beta:
+            self.send({"type": "transcription_session.updated", "session": as_beta(shown)})
+        else:
+            self.send({"type": "session.updated", "session": shown})
 
     def append(self, audio: Any) -> None:
         if not isinstance(audio, str):

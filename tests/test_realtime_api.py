@@ -634,3 +634,24 @@ def test_a_realtime_session_and_a_page_session_share_the_engine(rt_app, tmp_path
           f"%), page WER {100 * page_wer:.2f} % (file {100 * page_file_wer:.2f} %)")
     assert live_wer <= file_wer + margin(ours.texts)
     assert page_wer <= page_file_wer + margin([page.text])
+
+
+def test_the_beta_transcription_session_update_is_understood(rt_app):
+    """Older clients send the beta API's `transcription_session.update`: it is mapped onto the session and answered
+    with `transcription_session.updated` in the beta shape."""
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with websockets.connect(ws_url(rt_app), additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            created = json.loads(await ws.recv())
+            await ws.send(json.dumps({"type": "transcription_session.update", "session": {
+                "input_audio_format": "g711_ulaw", "input_audio_transcription": {"model": "whisper-1",
+                                                                                 "language": "en"},
+                "turn_detection": None, "input_audio_noise_reduction": {"type": "far_field"}}}))
+            return created, json.loads(await asyncio.wait_for(ws.recv(), 10))
+
+    created, updated = run(go())
+    assert created["type"] == "session.created"
+    assert updated["type"] == "transcription_session.updated", updated
+    s = updated["session"]
+    assert (s["input_audio_format"], s["turn_detection"], s["input_audio_transcription"]["language"]) == (
+        "g711_ulaw", None, "en")
+    assert s["id"] == created["session"]["id"]
