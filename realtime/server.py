@@ -6,6 +6,8 @@ Routes besides the page:
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
 - `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far.
 - `GET /health`: engine, model, readiness and queue figures.
+- `GET /v1/realtime` (WebSocket) and `POST /v1/realtime/client_secrets`: OpenAI's Realtime API for transcription
+  sessions (realtime/realtime_api.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .api import create_router
 from .config import Settings, parse_settings
 from .ice import use_loopback_only
 from .limits import SessionLimits
+from .realtime_api import create_realtime_router
 from .service import TranscriptionService
 from .turn import Turn, TurnError
 from .ui import build_page
@@ -133,6 +136,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         return Response(body, status_code=response.status_code, headers=headers)
 
     app.include_router(create_router(service))
+    app.include_router(create_realtime_router(service))
     app = gr.mount_gradio_app(app, page, path="", show_api=False)
     return app, service
 
