@@ -133,6 +133,9 @@ class Settings:
     remote_fallback: bool = _opt("remote engine: use the embedded engine while no endpoint is reachable",
                                  default=False)
     remote_stream: bool = _opt("remote engine: ask OpenAI-style endpoints for streamed text (SSE)", default=False)
+    remote_realtime: bool = _opt("remote engine: live segments go to the endpoint's /v1/realtime WebSocket (its "
+                                 "deltas become the tentative words), for an endpoint that is another instance of "
+                                 "this app", default=False)
 
     def vad_config(self) -> VADConfig:
         return VADConfig(

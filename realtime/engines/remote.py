@@ -24,11 +24,22 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
 - Streaming: with `stream=True` OpenAI-style endpoints are asked for Server-Sent Events; both vLLM's chunks
   (`choices[].delta.content`, then `[DONE]`) and OpenAI's `transcript.text.delta` / `transcript.text.done`
   events are read. `_decode_stream` hands the deltas on as they arrive (the HTTP API forwards them).
+- Realtime (`realtime=True`, `--remote-realtime`): for an endpoint that is another instance of this app, each
+  request that only asks for text (`task` transcribe, no timestamps, at most `REALTIME_MAX_S` of audio: every
+  live partial and final) goes over the endpoint's `/v1/realtime?intent=transcription` WebSocket instead: one
+  connection per request, a `session.update` with manual commits (`turn_detection: null`), the language and
+  prompt, the clip resampled to 24 kHz PCM16 (soxr, as the app's own input path) in `input_audio_buffer.append`
+  events, one `commit`, then the item's `...input_audio_transcription.delta` events are passed on until its
+  `.completed`. A refused handshake with 401/403 or 404, a `.failed` item or an `error` event is an
+  `EngineError`; connection errors, timeouts, 429/5xx handshakes and server-side closes are retried like HTTP
+  failures, so retries, the circuit breaker and the fallback work the same. Timed and translation requests
+  (files, the API's verbose formats) still go over HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import email.utils
@@ -54,6 +65,14 @@ log = logging.getLogger(__name__)
 
 OPENAI, HF = "openai", "hf"
 RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
+REALTIME_RATE = 24000
+"""The sample rate of the Realtime API's `audio/pcm` input."""
+REALTIME_MAX_S = 30.0
+"""Most audio one realtime request carries (the server's manual-commit buffer); longer clips go over HTTP."""
+REALTIME_CHUNK_S = 5.0
+"""Seconds of audio per `input_audio_buffer.append` event."""
+REALTIME_MAX_PROMPT = 4000
+REALTIME_PAD_S = 0.05
 
 
 class EndpointUnavailable(EngineUnavailable):
@@ -75,6 +94,8 @@ class Endpoint:
     translate_url: str
     health_url: str
     models_url: str
+    realtime_url: str = ""
+    """The endpoint's `/v1/realtime?intent=transcription` WebSocket (ws:// or wss://)."""
     model: str | None = None
     """The model name the server lists first in /v1/models (used when --remote-model is not given)."""
     owner: str | None = None
@@ -126,12 +147,15 @@ def parse_endpoint(raw: str) -> Endpoint:
     style = HF if prefix.endswith("/api/v1") else OPENAI
     root_path = prefix[: -len("/api/v1")] if style == HF else prefix[: -len("/v1")]
     root = str(url.copy_with(path=root_path or "/", query=None, fragment=None)).rstrip("/")
+    ws_root = str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws", path=root_path or "/", query=None,
+                                fragment=None)).rstrip("/")
     return Endpoint(
         url=f"{root}{prefix}/audio/transcriptions",
         style=style,
         translate_url=f"{root}{prefix}/audio/translations",
         health_url=f"{root}/health",
         models_url=f"{root}/v1/models",
+        realtime_url=f"{ws_root}/v1/realtime?intent=transcription",
     )
 
 
@@ -203,6 +227,7 @@ class RemoteEngine(EngineBase):
         retries: int = 3,
         max_in_flight: int = 8,
         stream: bool = False,
+        realtime: bool = False,
         language: str | None = None,
         fallback: Engine | None = None,
         failure_threshold: int = 3,
@@ -229,7 +254,9 @@ class RemoteEngine(EngineBase):
         self.max_in_flight = max(1, max_in_flight) * len(self.endpoints)
         self.max_batch_size = self.max_in_flight
         self.stream = stream
-        self.streaming = stream
+        self.realtime = realtime
+        self.streaming = stream or realtime
+        self.realtime_requests = 0
         self.language = language
         self.fallback = fallback
         self.failure_threshold = max(1, failure_threshold)
@@ -261,6 +288,7 @@ class RemoteEngine(EngineBase):
             retries=settings.remote_retries,
             max_in_flight=settings.remote_max_in_flight,
             stream=settings.remote_stream,
+            realtime=settings.remote_realtime,
             language=settings.language,
             fallback=fallback,
         )
@@ -404,7 +432,8 @@ class RemoteEngine(EngineBase):
     async def _request(self, audio: np.ndarray, options: TranscribeOptions, deltas: _Deltas) -> Transcription:
         if self._client is None:
             await self.start()
-        wav = wav_bytes(audio)
+        realtime = self._uses_realtime(audio, options)
+        wav = b"" if realtime else wav_bytes(audio)
         attempts = 1 if options.partial else 1 + self.retries  # a partial is stale by the time a retry lands
         last: _Retryable | None = None
         ep: Endpoint | None = None
@@ -417,8 +446,9 @@ class RemoteEngine(EngineBase):
                 ep.in_flight += 1
                 ep.requests += 1
                 try:
-                    result = await asyncio.wait_for(self._send(ep, wav, options, deltas.attempt()),
-                                                    self.timeout * 2 + self.connect_timeout)
+                    send = (self._send_realtime(ep, audio, options, deltas.attempt()) if realtime
+                            else self._send(ep, wav, options, deltas.attempt()))
+                    result = await asyncio.wait_for(send, self.timeout * 2 + self.connect_timeout)
                 except TimeoutError:
                     last = _Retryable(f"no complete reply within {self.timeout * 2 + self.connect_timeout:.0f} s")
                     self._failure(ep, last)
@@ -438,7 +468,7 @@ class RemoteEngine(EngineBase):
                 duration=duration, segments=result.segments or ((TimedText(0.0, duration, result.text),)
                                                                  if result.text else ()),
                 engine_seconds=time.perf_counter() - t0,
-                extra={"endpoint": ep.url, "attempts": attempt + 1},
+                extra={"endpoint": ep.realtime_url if realtime else ep.url, "attempts": attempt + 1},
             )
         assert last is not None
         raise EndpointUnavailable(f"remote endpoint failed after {attempts} attempt(s): {last}", self._wait_hint())
@@ -489,6 +519,107 @@ class RemoteEngine(EngineBase):
             raise _Retryable(f"timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:  # connection refused or dropped, protocol errors
             raise _Retryable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from exc
+
+    def _uses_realtime(self, audio: np.ndarray, options: TranscribeOptions) -> bool:
+        return (self.realtime and options.task == "transcribe" and not options.timestamps
+                and audio.size <= REALTIME_MAX_S * SAMPLE_RATE)
+
+    async def _send_realtime(self, ep: Endpoint, audio: np.ndarray, options: TranscribeOptions,
+                             on_delta: Callable[[str], None]) -> Transcription:
+        """One clip over the endpoint's Realtime API WebSocket: manual commit, deltas until `.completed`."""
+        import soxr
+        import websockets
+        from websockets.exceptions import InvalidStatus, WebSocketException
+
+        headers = {"User-Agent": "realtime-transcription"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        language = options.language or self.language
+        prompt = options.prompt[-REALTIME_MAX_PROMPT:] if options.prompt else None
+        transcription: dict[str, Any] = {"model": self.model or ep.model or "whisper-1"}
+        if language:
+            transcription["language"] = language
+        if prompt:
+            transcription["prompt"] = prompt
+        update = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": REALTIME_RATE}, "turn_detection": None,
+            "transcription": transcription}}}}
+        pcm = soxr.resample(np.asarray(audio, dtype=np.float32), SAMPLE_RATE, REALTIME_RATE)
+        # silence after the clip: the server's streaming resampler holds back its last ~20 ms, and a commit
+        # needs at least 100 ms
+        pcm = np.concatenate([pcm, np.zeros(max(int(REALTIME_PAD_S * REALTIME_RATE),
+                                                int(0.15 * REALTIME_RATE) - pcm.size), np.float32)])
+        pcm16 = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+        chunk = int(REALTIME_CHUNK_S * REALTIME_RATE) * 2
+        self.realtime_requests += 1
+        try:
+            async with websockets.connect(ep.realtime_url, additional_headers=headers, user_agent_header=None,
+                                          open_timeout=self.connect_timeout, ping_interval=None, proxy=None,
+                                          max_size=16 * 2**20, close_timeout=1.0) as ws:
+
+                async def event() -> dict[str, Any]:
+                    raw = await asyncio.wait_for(ws.recv(), self.timeout)
+                    try:
+                        doc = json.loads(raw)
+                    except ValueError:
+                        raise _Retryable(f"malformed realtime event ({str(raw)[:60]!r})") from None
+                    if not isinstance(doc, dict):
+                        raise _Retryable(f"malformed realtime event ({str(raw)[:60]!r})")
+                    if doc.get("type") == "error":
+                        err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+                        message = f"the endpoint's realtime session: {err.get('message') or err}"
+                        if err.get("type") == "server_error":  # the server ended the session (limits)
+                            raise _Retryable(message)
+                        raise EngineError(message)
+                    return doc
+
+                await ws.send(json.dumps(update))
+                while (await event()).get("type") not in ("session.updated", "transcription_session.updated"):
+                    pass  # session.created comes first
+                for start in range(0, len(pcm16), chunk):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(pcm16[start:start + chunk]).decode()}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                item: str | None = None
+                while True:
+                    doc = await event()
+                    kind = doc.get("type")
+                    if kind == "input_audio_buffer.committed" and item is None:
+                        item = doc.get("item_id")
+                    if item is None or doc.get("item_id") != item:
+                        continue
+                    if kind == "conversation.item.input_audio_transcription.delta":
+                        if doc.get("delta"):
+                            on_delta(str(doc["delta"]))
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        return Transcription(text=str(doc.get("transcript") or "").strip(), language=language)
+                    elif kind == "conversation.item.input_audio_transcription.failed":
+                        err = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+                        raise EngineError(f"the endpoint {ep.realtime_url} failed on the segment "
+                                          f"({err.get('message') or err})")
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            body = (exc.response.body or b"").decode("utf-8", "replace")
+            try:
+                err = json.loads(body).get("error") or {}
+                detail = str(err.get("message") if isinstance(err, dict) else err)[:200]
+            except (ValueError, AttributeError):
+                detail = body.strip()[:200]
+            message = f"{status} {detail}".strip()
+            if status in RETRYABLE_STATUS or status >= 500:
+                retry_after: float | None = None
+                with contextlib.suppress(TypeError, ValueError):
+                    retry_after = max(0.0, float(exc.response.headers.get("retry-after", "")))
+                raise _Retryable(f"realtime handshake {message}", retry_after) from exc
+            if status in (401, 403):
+                raise EngineError(f"the endpoint {ep.realtime_url} refused the token ({message})") from exc
+            raise EngineError(f"the endpoint {ep.realtime_url} has no Realtime API ({message}); --remote-realtime "
+                              "needs another instance of this app") from exc
+        except TimeoutError as exc:
+            raise _Retryable("realtime: timed out") from exc
+        except (OSError, WebSocketException) as exc:  # refused, dropped, closed mid-request, bad handshake
+            raise _Retryable(f"realtime: {type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from exc
+        raise _Retryable("realtime: the connection ended before the transcript was completed")
 
     @staticmethod
     def _parse(r: httpx.Response, body: bytes) -> Transcription:
@@ -618,6 +749,8 @@ class RemoteEngine(EngineBase):
             "fallback": fallback.get("model") if fallback else None,
             "fallback_requests": self.fallback_requests,
             "stream": self.stream,
+            "realtime": self.realtime,
+            "realtime_requests": self.realtime_requests,
             "max_in_flight": self.max_in_flight,
             "timeout_s": self.timeout,
             "retries": self.retries,
