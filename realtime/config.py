@@ -85,6 +85,13 @@ class Settings:
     twilio_account_sid: str = _opt("Twilio account SID for TURN [also env TWILIO_ACCOUNT_SID]", default="")
     twilio_auth_token: str = _opt("Twilio auth token for TURN [also env TWILIO_AUTH_TOKEN]", default="")
     idle_timeout: float = _opt("close a session after this many seconds without speech (0: never)", default=0.0)
+    max_offer_kb: int = _opt("largest WebRTC offer body accepted (kB); bigger ones get 413", default=256)
+    max_connections_per_client: int = _opt("open WebRTC connections one client address may hold (0: no limit; "
+                                           "default 2 on Spaces)", default=0)
+    max_new_connections_per_minute: int = _opt("new WebRTC connections one client address may open per minute "
+                                               "(0: no limit; default 10 on Spaces)", default=0)
+    client_ip_header: str = _opt("header naming the client address behind a proxy, first hop (x-forwarded-for on "
+                                 "Spaces; empty: the peer address)", default="")
     log_level: str = _opt("logging level", default="INFO")
     # -- vLLM engine (--engine vllm): a supervised process in its own virtual environment. --model there is a
     # Hugging Face id or checkpoint directory, or CTranslate2 weights (directory or package) converted once.

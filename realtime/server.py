@@ -1,11 +1,14 @@
 """The web app: the Gradio page, fastrtc's WebRTC signalling, transcript routes and health.
 
 Routes besides the page:
-- `POST /webrtc/offer`: SDP offer for non-browser WebRTC clients (same connection table as the page).
+- `POST /webrtc/offer`: SDP offer for non-browser WebRTC clients (same connection table as the page); bad,
+  oversized or too frequent offers are refused (realtime/signalling.py).
 - `GET /webrtc/rtc-configuration`: the ICE servers (fresh TURN credentials) a client should use, as the page gets them.
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
 - `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far.
 - `GET /health`: engine, model, readiness and queue figures.
+- `GET /health/live` (200 while the process serves) and `GET /health/ready` (503 while the engine loads or its
+  endpoints are down).
 - `GET /v1/realtime` (WebSocket) and `POST /v1/realtime/client_secrets`: OpenAI's Realtime API for transcription
   sessions (realtime/realtime_api.py).
 """
@@ -33,6 +36,7 @@ from .ice import use_loopback_only
 from .limits import SessionLimits
 from .realtime_api import create_realtime_router
 from .service import TranscriptionService
+from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
 from .turn import Turn, TurnError
 from .ui import build_page
 
@@ -54,7 +58,7 @@ _EXTERNAL_TAGS = re.compile(rb'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error",
-                                                               "code": code}})
+                                                               "code": code, "param": None}})
 
 
 def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
@@ -64,6 +68,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     turn = Turn(settings)
     page, webrtc = build_page(service, turn)
     limits = SessionLimits(settings, service, webrtc)
+    clients = ClientLimiter(settings.max_connections_per_client, settings.max_new_connections_per_minute,
+                            settings.client_ip_header)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -81,13 +87,18 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     @app.post("/webrtc/offer")
     async def offer(request: Request) -> Any:
         try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "the body must be JSON", "invalid_json")
-        if not isinstance(body, dict) or not isinstance(body.get("webrtc_id"), str):
-            return _error(422, "webrtc_id (string) is required", "missing_field")
-        if body.get("type") != "ice-candidate" and not isinstance(body.get("sdp"), str):
-            return _error(422, "sdp and type are required", "missing_field")
+            body = await read_offer(request, settings.max_offer_kb * 1024)
+            if not isinstance(body.get("webrtc_id"), str):
+                return _error(422, "webrtc_id (string) is required", "missing_field")
+            if body.get("type") != "ice-candidate":
+                if not isinstance(body.get("sdp"), str):
+                    return _error(422, "sdp and type are required", "missing_field")
+                check_sdp(body["sdp"])
+                if body["webrtc_id"] not in webrtc.connections and body["webrtc_id"] not in webrtc.pcs:
+                    clients.admit(clients.client(request), body["webrtc_id"], webrtc.pcs)
+        except OfferError as exc:
+            headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+            return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
         return await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
 
     @app.get("/webrtc/rtc-configuration")
@@ -123,8 +134,19 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     @app.get("/health")
     async def health() -> Any:
         body = {**service.health(), "space": settings.space_id or None, "limits": limits.describe(),
-                "turn": turn.describe()}
+                "signalling": clients.describe(), "turn": turn.describe()}
         return JSONResponse(body, status_code=200 if service.ready else 503)
+
+    @app.get("/health/live")
+    async def health_live() -> Any:
+        return {"status": "live"}
+
+    @app.get("/health/ready")
+    async def health_ready() -> Any:
+        ready = service.ready and service.engine.ready
+        reason = None if ready else (service.error or ("the engine is loading" if not service.ready
+                                                       else "the engine's endpoints are down"))
+        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
 
     @app.middleware("http")
     async def no_external_assets(request: Request, call_next: Any) -> Any:

@@ -1,0 +1,126 @@
+"""Signalling that refuses bad input, and health split into liveness and readiness, over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from realtime.client import _make_track
+from realtime.ice import use_loopback_only
+
+from conftest import ROOT, App, free_port, launch, stop
+
+
+async def _offer_sdp(audio: bool = True) -> str:
+    """A real aiortc offer: a data channel, with (or without) an audio track."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    use_loopback_only()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.createDataChannel("text")
+        if audio:
+            pc.addTrack(_make_track(np.zeros(16000, dtype=np.float32), 0.0))
+        await pc.setLocalDescription(await pc.createOffer())
+        return pc.localDescription.sdp
+    finally:
+        await pc.close()
+
+
+def _post(app: App, body: dict | bytes) -> httpx.Response:
+    url = f"{app.url}/webrtc/offer"
+    if isinstance(body, bytes):
+        return httpx.post(url, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    return httpx.post(url, json=body, timeout=30)
+
+
+def _openai_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"} and error["message"]
+    return error
+
+
+def test_garbage_sdp_is_refused_with_400(app):
+    error = _openai_error(_post(app, {"sdp": "garbage", "type": "offer", "webrtc_id": uuid.uuid4().hex}), 400)
+    assert error["code"] == "invalid_sdp" and error["param"] == "sdp"
+    _openai_error(_post(app, b"{not json"), 400)
+
+
+def test_oversized_offer_is_refused_with_413(app):
+    big = b'{"sdp": "' + b"a" * 5_000_000 + b'", "type": "offer", "webrtc_id": "x"}'
+    assert _openai_error(_post(app, big), 413)["code"] == "offer_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap holds while reading
+        yield big[:1000]
+        yield big[1000:]
+
+    r = httpx.post(f"{app.url}/webrtc/offer", content=chunks(), headers={"Content-Type": "application/json"},
+                   timeout=30)
+    assert _openai_error(r, 413)["code"] == "offer_too_large"
+
+
+def test_offer_without_audio_is_refused_and_a_real_one_is_answered(app):
+    no_audio = asyncio.run(_offer_sdp(audio=False))
+    error = _openai_error(_post(app, {"sdp": no_audio, "type": "offer", "webrtc_id": uuid.uuid4().hex}), 400)
+    assert "m=audio" in error["message"]
+    r = _post(app, {"sdp": asyncio.run(_offer_sdp()), "type": "offer", "webrtc_id": uuid.uuid4().hex})
+    assert r.status_code == 200 and "m=audio" in r.json()["sdp"]
+
+
+def test_health_live_and_ready(app):
+    assert httpx.get(f"{app.url}/health/live").status_code == 200
+    r = httpx.get(f"{app.url}/health/ready")
+    assert r.status_code == 200 and r.json()["ready"] is True
+
+
+def test_ready_is_503_while_the_engines_endpoints_are_down(tmp_path: Path):
+    down = f"http://127.0.0.1:{free_port()}/v1/audio/transcriptions"  # nothing listens there
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback",
+                             "--engine", "remote", "--remote-url", down], cwd=ROOT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"},
+                            stdout=(tmp_path / "app.log").open("wb"), stderr=subprocess.STDOUT)
+    a = App(f"http://127.0.0.1:{port}", proc, tmp_path / "app.log")
+    try:
+        for _ in range(300):  # live as soon as it serves, whatever the engine says
+            assert proc.poll() is None, a.log.read_text()
+            try:
+                if httpx.get(f"{a.url}/health/live", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert httpx.get(f"{a.url}/health/live").status_code == 200
+        r = httpx.get(f"{a.url}/health/ready")
+        assert r.status_code == 503 and r.json()["ready"] is False and r.json()["reason"]
+    finally:
+        stop(a)
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    a = launch(tmp_path_factory.mktemp("limited"), "--max-new-connections-per-minute", "2",
+               "--max-connections-per-client", "5")
+    yield a
+    stop(a)
+
+
+def test_new_connections_per_client_are_capped(limited):
+    sdp = asyncio.run(_offer_sdp())
+    for _ in range(2):
+        r = _post(limited, {"sdp": sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex})
+        assert r.status_code == 200 and "sdp" in r.json()
+    r = _post(limited, {"sdp": sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex})
+    error = _openai_error(r, 429)
+    assert error["code"] == "rate_limit_exceeded" and int(r.headers["Retry-After"]) >= 1
+    assert httpx.get(f"{limited.url}/health").json()["signalling"]["refused"] == 1
