@@ -7,6 +7,7 @@ Routes besides the page:
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
 - `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far.
 - `GET /health`: engine, model, readiness and queue figures.
+- `GET /metrics`: Prometheus metrics (realtime/metrics.py).
 - `GET /health/live` (200 while the process serves) and `GET /health/ready` (503 while the engine loads or its
   endpoints are down).
 - `GET /v1/realtime` (WebSocket) and `POST /v1/realtime/client_secrets`: OpenAI's Realtime API for transcription
@@ -34,6 +35,7 @@ from .api import create_router
 from .config import Settings, parse_settings
 from .ice import use_loopback_only
 from .limits import SessionLimits
+from .metrics import Metrics
 from .realtime_api import create_realtime_router
 from .service import TranscriptionService
 from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
@@ -68,6 +70,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     turn = Turn(settings)
     page, webrtc = build_page(service, turn)
     limits = SessionLimits(settings, service, webrtc)
+    metrics = Metrics(service)
+    metrics.attach()
     clients = ClientLimiter(settings.max_connections_per_client, settings.max_new_connections_per_minute,
                             settings.client_ip_header)
 
@@ -137,6 +141,10 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
                 "signalling": clients.describe(), "turn": turn.describe()}
         return JSONResponse(body, status_code=200 if service.ready else 503)
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Any:
+        return metrics.render()
+
     @app.get("/health/live")
     async def health_live() -> Any:
         return {"status": "live"}
@@ -157,6 +165,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
         return Response(body, status_code=response.status_code, headers=headers)
 
+    app.middleware("http")(metrics.middleware)
     app.include_router(create_router(service))
     app.include_router(create_realtime_router(service))
     app = gr.mount_gradio_app(app, page, path="", show_api=False)

@@ -71,6 +71,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running: list[Job] = []
+        self.on_batch: Callable[[int, float], None] | None = None
+        """Called after each engine batch with its size and seconds (realtime/metrics.py)."""
 
     # -- lifecycle
     def start(self) -> None:
@@ -97,6 +99,10 @@ class Worker:
     @property
     def pending_files(self) -> int:
         return len(self._files)
+
+    @property
+    def pending_partials(self) -> int:
+        return len(self._partials)
 
     def submit(self, job: Job) -> asyncio.Future[Transcription]:
         if job.kind == "final":
@@ -229,6 +235,8 @@ class Worker:
                 elapsed = time.perf_counter() - t0
                 self._running = []
                 log.debug("batch of %d (%s) in %.3fs", len(batch), ",".join(j.kind[0] for j in batch), elapsed)
+                if self.on_batch is not None:
+                    self.on_batch(len(batch), elapsed)
                 per = elapsed / len(batch)
                 ema = self.stats.engine_latency
                 self.stats.engine_latency = per if ema == 0 else 0.7 * ema + 0.3 * per
