@@ -80,6 +80,8 @@ class StreamResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     webrtc_id: str = ""
+    token: str | None = None
+    """The session's transcript token, when the server requires one (realtime/access.py)."""
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -160,10 +162,12 @@ async def stream_file(
                 reason = reason or answer.get("error") or r.text
                 raise StreamError(f"server refused the stream: {reason}")
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+            result.token = answer.get("transcript_token")  # the server's key guards transcripts (realtime/access.py)
+            query = f"?token={result.token}" if result.token else ""
 
             async def read_events() -> None:
                 try:
-                    async with http.stream("GET", f"{url}/transcript/{result.webrtc_id}/events") as resp:
+                    async with http.stream("GET", f"{url}/transcript/{result.webrtc_id}/events{query}") as resp:
                         async for line in resp.aiter_lines():
                             if line.startswith("data: "):
                                 event = json.loads(line[6:])

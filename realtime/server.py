@@ -5,7 +5,8 @@ Routes besides the page:
   oversized or too frequent offers are refused (realtime/signalling.py).
 - `GET /webrtc/rtc-configuration`: the ICE servers (fresh TURN credentials) a client should use, as the page gets them.
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
-- `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far.
+- `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far. With `--api-key`, both transcript
+  routes need the key or the session's token (realtime/access.py).
 - `GET /health`: engine, model, readiness and queue figures.
 - `GET /metrics`: Prometheus metrics (realtime/metrics.py).
 - `GET /health/live` (200 while the process serves) and `GET /health/ready` (503 while the engine loads or its
@@ -31,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from . import transcript as fmt
+from .access import allowed, session_token
 from .api import create_router
 from .config import Settings, parse_settings
 from .ice import use_loopback_only
@@ -61,6 +63,13 @@ _EXTERNAL_TAGS = re.compile(rb'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error",
                                                                "code": code, "param": None}})
+
+
+def _unauthorized() -> JSONResponse:
+    response = _error(401, "this transcript needs the API key (Authorization: Bearer) or its session's token "
+                           "(?token=)", "invalid_api_key")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
@@ -103,7 +112,11 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         except OfferError as exc:
             headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
             return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-        return await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
+        new = body.get("type") != "ice-candidate" and body["webrtc_id"] not in webrtc.pcs
+        answer = await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
+        if settings.api_key and new and isinstance(answer, dict) and "sdp" in answer:
+            answer["transcript_token"] = session_token(body["webrtc_id"])  # only the offer's poster gets it
+        return answer
 
     @app.get("/webrtc/rtc-configuration")
     async def rtc_configuration() -> Any:
@@ -113,7 +126,9 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
             return _error(503, str(exc), "turn_unavailable")
 
     @app.get("/transcript/{webrtc_id}/events")
-    async def events(webrtc_id: str) -> Any:
+    async def events(webrtc_id: str, request: Request) -> Any:
+        if not allowed(request, webrtc_id, settings.api_key):
+            return _unauthorized()
         if webrtc_id not in webrtc.pcs and webrtc_id not in webrtc.additional_outputs:
             return _error(404, f"no live session {webrtc_id}", "unknown_session")
 
@@ -126,7 +141,9 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/transcript/{webrtc_id}.{ext}")
-    async def download(webrtc_id: str, ext: str) -> Any:
+    async def download(webrtc_id: str, ext: str, request: Request) -> Any:
+        if not allowed(request, webrtc_id, settings.api_key):
+            return _unauthorized()
         if ext not in _FORMATS:
             return _error(404, f"unknown format .{ext}; use txt, srt, vtt or json", "unknown_format")
         snapshot = service.snapshot(webrtc_id)

@@ -9,6 +9,7 @@ from typing import Any
 import gradio as gr
 from fastrtc import WebRTC
 
+from .access import session_token
 from .handler import TranscriptionHandler
 from .service import TranscriptionService
 from .transcript import TranscriptSnapshot
@@ -69,8 +70,9 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
         parts.append(f'<span class="rt-badge rt-closed">{html.escape(str(event.get("message")))}</span>')
     if session_id:
         sid = html.escape(session_id)
-        parts.append(f'<a href="transcript/{sid}.txt" download="transcript.txt">download .txt</a>')
-        parts.append(f'<a href="transcript/{sid}.srt" download="transcript.srt">download .srt</a>')
+        query = f"?token={session_token(session_id)}" if service.settings.api_key else ""
+        parts.append(f'<a href="transcript/{sid}.txt{query}" download="transcript.txt">download .txt</a>')
+        parts.append(f'<a href="transcript/{sid}.srt{query}" download="transcript.srt">download .srt</a>')
     return " ".join(parts)
 
 

@@ -1,0 +1,34 @@
+"""Who may read a live transcript: `/transcript/{id}.{ext}` and `/transcript/{id}/events`.
+
+Without `--api-key`, an unguessable connection id is the rule: whoever has the id can read its transcript
+(the page makes random ids). With `--api-key`, a request needs the key as a Bearer token, or the session's
+own token as `?token=...`: an HMAC of the id under a secret made at start-up, so only the page (in its
+status links) and the client that posted the offer (`transcript_token` in the answer) hold it. Both are
+compared with `hmac.compare_digest`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from starlette.requests import Request
+
+_SECRET = secrets.token_bytes(32)
+
+
+def session_token(session_id: str) -> str:
+    """The token that opens this session's transcript (the same for the life of the process)."""
+    return hmac.new(_SECRET, session_id.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def allowed(request: Request, session_id: str, api_key: str) -> bool:
+    """True when no key is set, or the request carries the key (Bearer) or the session's token."""
+    if not api_key:
+        return True
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer ") and hmac.compare_digest(auth[7:].strip().encode(), api_key.encode()):
+        return True
+    token = request.query_params.get("token", "")
+    return bool(token) and hmac.compare_digest(token.encode(), session_token(session_id).encode())
