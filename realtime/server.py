@@ -112,7 +112,9 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         except OfferError as exc:
             headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
             return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-        new = body.get("type") != "ice-candidate" and body["webrtc_id"] not in webrtc.pcs
+        # a token only for an id never seen: reusing a live or closed session's id must not open its transcript
+        new = (body.get("type") != "ice-candidate" and body["webrtc_id"] not in webrtc.pcs
+               and service.snapshot(body["webrtc_id"]) is None)
         answer = await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
         if settings.api_key and new and isinstance(answer, dict) and "sdp" in answer:
             answer["transcript_token"] = session_token(body["webrtc_id"])  # only the offer's poster gets it

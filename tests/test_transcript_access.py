@@ -44,6 +44,13 @@ def test_transcript_needs_the_key_or_the_sessions_token(keyed, speech_dir):
     assert r.status_code == 200 and wer(speech.text, r.text) <= 0.2
     assert httpx.get(f"{base}.srt", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
+    # an offer that reuses the finished session's id is not handed that session's token
+    from test_signalling import _offer_sdp
+
+    r = httpx.post(f"{keyed.url}/webrtc/offer", json={"sdp": asyncio.run(_offer_sdp()), "type": "offer",
+                                                      "webrtc_id": result.webrtc_id}, timeout=30)
+    assert "transcript_token" not in r.json()
+
 
 def test_without_a_key_the_id_is_enough(app, speech_dir):
     speech = compose(speech_dir / "open.wav", SENTENCES[1:2], tail=0.5)
