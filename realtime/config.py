@@ -92,6 +92,8 @@ class Settings:
                                                "(0: no limit; default 10 on Spaces)", default=0)
     client_ip_header: str = _opt("header naming the client address behind a proxy, first hop (x-forwarded-for on "
                                  "Spaces; empty: the peer address)", default="")
+    shutdown_timeout: float = _opt("on SIGTERM, seconds to deliver the finals of closed segments before exiting",
+                                   default=10.0)
     log_level: str = _opt("logging level", default="INFO")
     # -- vLLM engine (--engine vllm): a supervised process in its own virtual environment. --model there is a
     # Hugging Face id or checkpoint directory, or CTranslate2 weights (directory or package) converted once.

@@ -40,6 +40,7 @@ from .limits import SessionLimits
 from .metrics import Metrics
 from .realtime_api import create_realtime_router
 from .service import TranscriptionService
+from .shutdown import GRACEFUL_HTTP_S, Drain, GracefulServer
 from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
 from .turn import Turn, TurnError
 from .ui import build_page
@@ -81,6 +82,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     limits = SessionLimits(settings, service, webrtc)
     metrics = Metrics(service)
     metrics.attach()
+    drain = Drain(service, settings.shutdown_timeout)
     clients = ClientLimiter(settings.max_connections_per_client, settings.max_new_connections_per_minute,
                             settings.client_ip_header)
 
@@ -99,6 +101,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
 
     @app.post("/webrtc/offer")
     async def offer(request: Request) -> Any:
+        if drain.draining:
+            return _error(503, "the server is shutting down", "shutting_down")
         try:
             body = await read_offer(request, settings.max_offer_kb * 1024)
             if not isinstance(body.get("webrtc_id"), str):
@@ -187,6 +191,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     app.middleware("http")(metrics.middleware)
     app.include_router(create_router(service))
     app.include_router(create_realtime_router(service))
+    app.state.drain = drain
     app = gr.mount_gradio_app(app, page, path="", show_api=False)
     return app, service
 
@@ -199,4 +204,6 @@ def main(argv: list[str] | None = None) -> None:
 
     app, _ = build_app(settings)
     print(f"* Real-time transcription on http://{settings.host}:{settings.port}", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=GRACEFUL_HTTP_S)
+    GracefulServer(config, app.state.drain).run()

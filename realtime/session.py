@@ -211,6 +211,11 @@ class TranscriptionSession:
         except Exception:  # a broken consumer must not stop transcription
             log.exception("event consumer failed")
 
+    @property
+    def pending_finals(self) -> int:
+        """Closed segments whose final (or error) has not been delivered yet."""
+        return len(self._finals_pending)
+
     # -- control
     def clear(self) -> None:
         self.transcript.clear()
