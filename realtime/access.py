@@ -1,4 +1,5 @@
-"""Who may read a live transcript: `/transcript/{id}.{ext}` and `/transcript/{id}/events`.
+"""Who may read a live transcript (`/transcript/{id}.{ext}`, `/transcript/{id}/events`), and the check of
+`--api-key` that every route shares (`bearer`, `is_key`).
 
 Without `--api-key`, an unguessable connection id is the rule: whoever has the id can read its transcript
 (the page makes random ids). With `--api-key`, a request needs the key as a Bearer token, or the session's
@@ -18,6 +19,17 @@ from starlette.requests import Request
 _SECRET = secrets.token_bytes(32)
 
 
+def bearer(authorization: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value, or None."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def is_key(token: str | None, api_key: str) -> bool:
+    """Whether `token` is the API key (compared in constant time)."""
+    return token is not None and hmac.compare_digest(token.encode(), api_key.encode())
+
+
 def session_token(session_id: str) -> str:
     """The token that opens this session's transcript (the same for the life of the process)."""
     return hmac.new(_SECRET, session_id.encode(), hashlib.sha256).hexdigest()[:32]
@@ -27,8 +39,7 @@ def allowed(request: Request, session_id: str, api_key: str) -> bool:
     """True when no key is set, or the request carries the key (Bearer) or the session's token."""
     if not api_key:
         return True
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer ") and hmac.compare_digest(auth[7:].strip().encode(), api_key.encode()):
+    if is_key(bearer(request.headers.get("authorization", "")), api_key):
         return True
     token = request.query_params.get("token", "")
     return bool(token) and hmac.compare_digest(token.encode(), session_token(session_id).encode())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
 import logging
 import math
@@ -43,6 +42,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from . import transcript as fmt
+from .access import bearer, is_key
 from .audio import AudioDecodeError
 from .engines import EngineUnavailable, TranscribeOptions, Transcription
 from .service import TranscriptionService
@@ -179,9 +179,7 @@ def create_router(service: TranscriptionService) -> APIRouter:
         key = settings.api_key
         if not key:
             return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        if not is_key(bearer(request.headers.get("authorization", "")), key):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                            "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
+def _span(segment: int, start: float, audio_end: float) -> dict[str, Any]:
+    """Where a segment's event lies, as every segment event's dict carries it."""
+    return {"segment": segment, "start": round(start, 3), "audio_end": round(audio_end, 3)}
+
+
 @dataclass(frozen=True)
 class SpeechStarted:
     """The VAD opened a segment (speech began at `start`, seconds of stream time)."""
@@ -33,8 +38,7 @@ class SpeechStopped:
     audio_end: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "segment": self.segment, "start": round(self.start, 3),
-                "audio_end": round(self.audio_end, 3)}
+        return {"type": self.type, **_span(self.segment, self.start, self.audio_end)}
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,8 @@ class PartialEvent:
         return f"{self.committed} {self.tentative}".strip()
 
     def as_dict(self) -> dict[str, Any]:
-        d = {"type": self.type, "segment": self.segment, "text": self.text, "committed": self.committed,
-             "tentative": self.tentative, "start": round(self.start, 3), "audio_end": round(self.audio_end, 3)}
-        return d | ({"streaming": True} if self.streaming else {})
+        return {"type": self.type, "text": self.text, "committed": self.committed, "tentative": self.tentative,
+                **_span(self.segment, self.start, self.audio_end), **({"streaming": True} if self.streaming else {})}
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,8 @@ class FinalEvent:
     latency: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "text": self.text, "latency": round(self.latency, 3), "segment": self.segment,
-                "start": round(self.start, 3), "audio_end": round(self.audio_end, 3)}
+        return {"type": self.type, "text": self.text, "latency": round(self.latency, 3),
+                **_span(self.segment, self.start, self.audio_end)}
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,7 @@ class ErrorEvent:
     message: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "segment": self.segment,
-                "start": round(self.start, 3), "audio_end": round(self.audio_end, 3)}
+        return {"type": self.type, "message": self.message, **_span(self.segment, self.start, self.audio_end)}
 
 
 @dataclass(frozen=True)

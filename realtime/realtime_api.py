@@ -36,7 +36,6 @@ import base64
 import binascii
 import dataclasses
 import difflib
-import hmac
 import json
 import logging
 import re
@@ -51,6 +50,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from .access import bearer, is_key
 from .audio import SAMPLE_RATE, FrameConverter
 from .engines import Transcription
 from .events import ClosedEvent, ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
@@ -583,11 +583,6 @@ class _Secret:
     config: Config
 
 
-def _bearer(value: str) -> str | None:
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
 class _Call:
     """One WebRTC call: the offer's audio track into a `RealtimeConnection`, its events on the `oai-events` data
     channel (aiortc as the server's peer; no ICE servers: host candidates, 127.0.0.1 only with --ice-loopback)."""
@@ -710,7 +705,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
 
     def authorize(headers: Any) -> tuple[bool, Config | None]:
         """(allowed, the configuration an ephemeral secret carries): the Bearer header or the key subprotocol."""
-        tokens = [t for t in (_bearer(headers.get("authorization", "")),) if t]
+        tokens = [t for t in (bearer(headers.get("authorization", "")),) if t]
         tokens += [p[len(SUBPROTOCOL_KEY):] for p in offered(headers) if p.startswith(SUBPROTOCOL_KEY)]
         now = time.time()
         for expired in [k for k, v in secrets_.items() if v.expires_at <= now]:
@@ -721,7 +716,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
                 return True, secret.config
         if not settings.api_key:
             return True, None
-        return any(hmac.compare_digest(t.encode(), settings.api_key.encode()) for t in tokens), None
+        return any(is_key(t, settings.api_key) for t in tokens), None
 
     async def refuse(ws: WebSocket, status: int, message: str, code: str) -> None:
         body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
@@ -849,8 +844,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
 
     @router.post("/v1/realtime/client_secrets", include_in_schema=False)
     async def client_secrets(request: Request) -> Response:
-        token = _bearer(request.headers.get("authorization", ""))
-        if settings.api_key and not (token and hmac.compare_digest(token.encode(), settings.api_key.encode())):
+        if settings.api_key and not is_key(bearer(request.headers.get("authorization", "")), settings.api_key):
             return fail(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
         try:
             body = await request.json() if await request.body() else {}

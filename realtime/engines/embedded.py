@@ -352,7 +352,7 @@ class EmbeddedEngine(EngineBase):
             "cpu_threads": self.cpu_threads,
             "workers": self.workers,
             "beam_size": self.beam_size,
-            "ready": self._model is not None,
+            "ready": self.ready,
         }
 
 

@@ -442,9 +442,12 @@ class VllmEngine(EngineBase):
         return self._ready.is_set() and self._failed is None
 
     @property
+    def model_name(self) -> str:
+        return self.model.name if self.model else (self.settings.model or "tiny.en (bundled)")
+
+    @property
     def translates(self) -> bool:
-        name = self.model.name if self.model else (self.settings.model or "tiny.en")
-        return not english_only(name)
+        return not english_only(self.model_name)
 
     def describe(self) -> dict[str, Any]:
         info = self._ready_info or {}
@@ -456,7 +459,7 @@ class VllmEngine(EngineBase):
             summary = ", ".join(parts)
         return {
             "engine": self.name,
-            "model": self.model.name if self.model else (self.settings.model or "tiny.en (bundled)"),
+            "model": self.model_name,
             "ready": self.ready,
             **cfg,
             "compute_type": cfg.get("dtype"),
