@@ -194,7 +194,7 @@ async def stream_file(
                         continue
                     if event is None:
                         break
-                    if event["type"] == "partial":
+                    if event["type"] in ("speech_started", "partial"):
                         open_segments.add(event["segment"])
                     elif event["type"] in ("final", "error"):
                         open_segments.discard(event["segment"])
@@ -207,7 +207,7 @@ async def stream_file(
         await pc.close()
     result.summary = summarize(result.events)
     result.summary["unfinished_segments"] = sorted(
-        {e["segment"] for e in result.events if e["type"] == "partial"}
+        {e["segment"] for e in result.events if e["type"] in ("speech_started", "partial")}
         - {e["segment"] for e in result.events if e["type"] in ("final", "error")}
     )
     return result

@@ -106,5 +106,6 @@ class ClosedEvent:
 
 
 Event = SpeechStarted | SpeechStopped | PartialEvent | FinalEvent | ErrorEvent | ClosedEvent
-PAGE_EVENTS = (PartialEvent, FinalEvent, ErrorEvent, ClosedEvent)
-"""The events the page and the `/events` stream show (speech start and stop are for protocol clients)."""
+PAGE_EVENTS = (SpeechStarted, SpeechStopped, PartialEvent, FinalEvent, ErrorEvent, ClosedEvent)
+"""The events the page and the `/events` stream carry: all of them, so that a client learns of a segment when it
+opens, before any partial (under load a segment may get none) and not only when its final arrives."""

@@ -73,7 +73,10 @@ def test_stream_command_prints_json_lines_and_summary(app, speech_dir):
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     events, summary = lines[:-1], lines[-1]["summary"]
-    assert events and all(set(e) >= {"type", "text", "segment", "t", "audio_end"} for e in events)
+    assert [e["type"] for e in events][:1] == ["speech_started"], "a segment is announced before its partials"
+    assert [e["type"] for e in events].count("speech_stopped") == 1
+    texts = [e for e in events if e["type"] in ("partial", "final")]
+    assert texts and all(set(e) >= {"type", "text", "segment", "t", "audio_end"} for e in texts)
     assert events[-1]["type"] == "final"
     assert summary["segments"] == summary["finals"] == 1
     assert set(summary) == {"segments", "finals", "final_latency_p50", "final_latency_p95",
