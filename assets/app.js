@@ -36,3 +36,48 @@
   const watch = new MutationObserver(() => { if (tell()) watch.disconnect(); });
   watch.observe(document.documentElement, { childList: true, subtree: true });
 })();
+// ?view=captions: the same page styled as large captions of the last lines (assets/style.css, .rt-captions).
+(() => {
+  if (new URLSearchParams(location.search).get("view") === "captions") {
+    document.documentElement.classList.add("rt-captions");
+  }
+})();
+// Short messages for screen readers and sighted users alike (the copy button's answer).
+window.rtSay = (text) => {
+  let box = document.getElementById("rt-say");
+  if (!box) {
+    box = document.createElement("div");
+    box.id = "rt-say";
+    box.setAttribute("role", "status");
+    box.setAttribute("aria-live", "polite");
+    document.body.appendChild(box);
+  }
+  box.textContent = text;
+  box.classList.add("rt-shown");
+  clearTimeout(window.rtSayTimer);
+  window.rtSayTimer = setTimeout(() => box.classList.remove("rt-shown"), 2500);
+};
+// A connection that drops (server gone, network lost) says so; the transcript on the page stays as it was.
+// A stop the user asked for closes the connection, which fires no state change, so it says nothing.
+(() => {
+  const Native = window.RTCPeerConnection;
+  if (!Native) return;
+  const say = (html) => {
+    const box = document.getElementById("rt-connection");
+    if (box) box.innerHTML = html;
+  };
+  window.RTCPeerConnection = function (...args) {
+    const pc = new Native(...args);
+    pc.addEventListener("connectionstatechange", () => {
+      const state = pc.connectionState;
+      if (state === "disconnected" || state === "failed") {
+        say('<div class="rt-dropped" role="alert">The connection to the server dropped. The transcript so far is ' +
+          "kept below (Copy text still works); press Record to carry on once the server is back.</div>");
+      } else if (state === "connected") {
+        say("");
+      }
+    });
+    return pc;
+  };
+  window.RTCPeerConnection.prototype = Native.prototype;
+})();

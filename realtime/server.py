@@ -192,7 +192,9 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     app.include_router(create_router(service))
     app.include_router(create_realtime_router(service))
     app.state.drain = drain
-    app = gr.mount_gradio_app(app, page, path="", show_api=False)
+    # the page's file tab uploads through Gradio: the same size cap as the HTTP API
+    app = gr.mount_gradio_app(app, page, path="", show_api=False,
+                              max_file_size=int(settings.max_upload_mb * 1024 * 1024))
     return app, service
 
 

@@ -1,19 +1,34 @@
-"""The page: a `gr.Blocks` around fastrtc's `WebRTC` audio component, and the transcript's HTML."""
+"""The page: a live tab around fastrtc's `WebRTC` audio component, a file tab, and the HTML they render.
+
+The live tab shows the session's transcript (time and, where the engine reports it, language per line), its
+downloads and a copy button; `?view=captions` restyles it as large captions of the last lines (assets/style.css,
+assets/app.js, which also says when the connection drops). The file tab sends an upload through the service's
+file path (`transcribe_results` on the shared worker's file lane, as the HTTP API does) and streams progress
+(segments done of those cut so far, audio covered) and text as segments finish, then the same four downloads.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import html
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from fastrtc import WebRTC
 
+from . import transcript as fmt
 from .access import session_token
+from .audio import AudioDecodeError
+from .engines import TranscribeOptions
 from .handler import TranscriptionHandler
 from .service import TranscriptionService
-from .transcript import TranscriptSnapshot
+from .transcribe import SegmentStream, timed_entries, transcribe_results
+from .transcript import Entry, TranscriptSnapshot
 from .turn import Turn, TurnError
+from .vad import SegmentEnd
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 TRACK_CONSTRAINTS = {
@@ -24,6 +39,14 @@ TRACK_CONSTRAINTS = {
     "sampleSize": {"ideal": 16},
     "channelCount": {"exact": 1},
 }
+FILE_TYPES = [".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".webm", ".m4a", ".mp4", ".aac"]
+"""What the file tab offers to pick: the containers the HTTP API decodes."""
+DOWNLOADS = {"txt": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt", "json": "application/json"}
+COPY_JS = """(...args) => { const box = document.getElementById("rt-transcript");
+  const text = [...box.querySelectorAll(".rt-final")].map((e) => e.textContent.trim()).filter(Boolean).join("\\n");
+  navigator.clipboard.writeText(text).then(() => window.rtSay && window.rtSay("Transcript copied"),
+    () => window.rtSay && window.rtSay("The browser did not allow copying"));
+  return args; }"""
 TIME_LIMIT_BACKSTOP_S = 15.0  # fastrtc's own hang-up, after SessionLimits has ended the session with a message
 
 
@@ -32,16 +55,25 @@ def _clock(seconds: float) -> str:
     return f"{int(m):02d}:{s:04.1f}"
 
 
-def render_transcript(snapshot: TranscriptSnapshot | None) -> str:
-    if snapshot is None or (not snapshot.entries and snapshot.partial is None):
-        return '<div class="rt-empty">Press the microphone button and speak; words appear here as you talk.</div>'
+def _lines(entries: tuple[Entry, ...] | list[Entry], languages: dict[int, str] | None = None) -> list[str]:
+    """A line per entry: its time, its language (the entry's own, else `languages` by segment) and its text."""
     lines = []
-    for e in snapshot.entries:
+    for e in entries:
         when = f'<span class="rt-time">{_clock(e.start)} → {_clock(e.end)}</span>'
+        code = getattr(e, "language", None) or (languages or {}).get(e.segment)
+        lang = f'<span class="rt-lang" title="language">{html.escape(str(code))}</span>' if code else ""
         if e.kind == "error":
             lines.append(f'<div class="rt-line">{when}<span class="rt-error">⚠ {html.escape(e.text)}</span></div>')
         elif e.text:
-            lines.append(f'<div class="rt-line">{when}<span class="rt-final">{html.escape(e.text)}</span></div>')
+            lines.append(f'<div class="rt-line">{when}{lang}<span class="rt-final">{html.escape(e.text)}</span></div>')
+    return lines
+
+
+def render_transcript(snapshot: TranscriptSnapshot | None, languages: dict[int, str] | None = None) -> str:
+    """The live transcript; `languages` (segment -> code, from final events) labels lines whose entry has none."""
+    if snapshot is None or (not snapshot.entries and snapshot.partial is None):
+        return '<div class="rt-empty">Press the microphone button and speak; words appear here as you talk.</div>'
+    lines = _lines(snapshot.entries, languages)
     p = snapshot.partial
     if p is not None:
         lines.append(
@@ -71,9 +103,115 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
     if session_id:
         sid = html.escape(session_id)
         query = f"?token={session_token(session_id)}" if service.settings.api_key else ""
-        parts.append(f'<a href="transcript/{sid}.txt{query}" download="transcript.txt">download .txt</a>')
-        parts.append(f'<a href="transcript/{sid}.srt{query}" download="transcript.srt">download .srt</a>')
+        links = " ".join(f'<a href="transcript/{sid}.{ext}{query}" download="transcript.{ext}">.{ext}</a>'
+                         for ext in DOWNLOADS)
+        parts.append(f'<span class="rt-downloads">download {links}</span>')
     return " ".join(parts)
+
+
+def _data_url(text: str, media: str) -> str:
+    return f"data:{media};charset=utf-8;base64,{base64.b64encode(text.encode()).decode()}"
+
+
+def render_downloads(entries: list[Entry], language: str | None) -> str:
+    """Links that hold the file's transcript in each format (data: URLs: no second request, nothing stored)."""
+    if not any(e.text and e.kind == "final" for e in entries):
+        return ""
+    docs = {"txt": fmt.to_text(entries) + "\n", "srt": fmt.to_srt(entries), "vtt": fmt.to_vtt(entries),
+            "json": fmt.to_json(entries, **({"language": language} if language else {}))}
+    links = " ".join(f'<a href="{_data_url(docs[ext], media)}" download="transcript.{ext}">.{ext}</a>'
+                     for ext, media in DOWNLOADS.items())
+    return f'<span class="rt-downloads">download {links}</span>'
+
+
+def render_file_text(entries: list[Entry], languages: dict[int, str]) -> str:
+    if not entries:
+        return ('<div class="rt-empty">Drop a recording above, or pick one; its text appears here as it is '
+                'transcribed.</div>')
+    return "\n".join(_lines(entries, languages))
+
+
+def render_progress(done: int, cut: int, cutting: bool, covered: float, duration: float | None,
+                    error: str | None = None) -> str:
+    """The file's progress: a bar over the audio transcribed and the count of segments done of those cut."""
+    if error:
+        return f'<div class="rt-progress-error" role="alert">⚠ {html.escape(error)}</div>'
+    total = f"{cut}{'+' if cutting else ''}"
+    label = (f"{done} of {total} segments transcribed" + (" (still cutting)" if cutting else "")
+             + (f" · {_clock(covered)} of {_clock(duration)}" if duration else ""))
+    fraction = 1.0 if not cutting and done >= cut else min(0.99, covered / duration) if duration else None
+    bar = (f'<progress max="1" value="{fraction:.3f}" aria-label="transcription progress"></progress>'
+           if fraction is not None else '<progress aria-label="transcription progress"></progress>')
+    state = "done" if not cutting and done >= cut else "running"
+    return (f'<div class="rt-progress" data-state="{state}" data-done="{done}" data-total="{cut}" '
+            f'role="status">{bar}<span>{html.escape(label)}</span></div>')
+
+
+class _CountingStream(SegmentStream):
+    """A SegmentStream that counts the segments its thread has cut, and knows when it has cut them all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cut = 0
+        self.cutting = True
+
+    def _push(self, item: object) -> None:
+        if isinstance(item, SegmentEnd):
+            self.cut += 1
+        else:
+            self.cutting = False
+        super()._push(item)
+
+
+def _probe_duration(path: Path) -> float | None:
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if container.duration:
+                return container.duration / 1_000_000
+            stream = container.streams.audio[0]
+            return float(stream.duration * stream.time_base) if stream.duration and stream.time_base else None
+    except Exception:
+        return None
+
+
+async def transcribe_upload(service: TranscriptionService, path: str | None) -> AsyncIterator[tuple[str, str, str]]:
+    """(progress, text, downloads) HTML as the file's segments are cut and transcribed."""
+    if not path:
+        yield "", render_file_text([], {}), ""
+        return
+    settings, engine = service.settings, service.engine
+    if not service.ready or not engine.ready:
+        yield render_progress(0, 0, False, 0, None, f"the {engine.name} engine is not ready; try again soon"), "", ""
+        return
+    options = TranscribeOptions(language=settings.language, timestamps=bool(engine.timestamps))
+    window = (settings.file_window_s or None) if engine.timestamps else None
+    duration = await asyncio.to_thread(_probe_duration, Path(path))
+    segments = _CountingStream(path, settings.vad_config(), window_s=window)
+    entries: list[Entry] = []
+    languages: dict[int, str] = {}
+    done, covered, language = 0, 0.0, settings.language
+    yield render_progress(0, 0, True, 0, duration), render_file_text([], {}), ""
+    try:
+        async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
+            done += 1
+            covered = max(covered, end.end)
+            if isinstance(result, BaseException):
+                new = [Entry(len(entries), end.start, end.end, f"transcription failed: {result}", kind="error")]
+            else:
+                new = [e for e in timed_entries(end, result, len(entries)) if e.text]
+                language = language or result.language
+                languages.update({e.segment: result.language for e in new if result.language})
+            entries.extend(new)
+            yield (render_progress(done, segments.cut, segments.cutting, covered, duration),
+                   render_file_text(entries, languages), "")
+    except AudioDecodeError as exc:
+        message = str(exc).replace(str(path), "the upload")
+        yield render_progress(done, segments.cut, False, covered, duration, f"not decodable audio: {message}"), "", ""
+        return
+    yield (render_progress(done, segments.cut, False, max(covered, duration or 0), duration),
+           render_file_text(entries, languages), render_downloads(entries, language))
 
 
 def render_notice(text: str | None) -> str:
@@ -89,27 +227,39 @@ def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple
     head = f"<script>{(ASSETS / 'app.js').read_text()}</script>"
     with gr.Blocks(title="Real-time transcription", theme=theme, css=(ASSETS / "style.css").read_text(),
                    head=head, analytics_enabled=False) as page:
-        gr.HTML("<h2 style='margin:0'>Real-time transcription</h2>"
-                "<p style='margin:0.2rem 0 0.6rem'>Speak into your microphone; tentative words are grey, "
-                "final text settles when you pause.</p>")
-        with gr.Row():
-            with gr.Column(scale=1, min_width=220):
-                audio = WebRTC(
-                    label="Microphone",
-                    modality="audio",
-                    mode="send",
-                    rtc_configuration=rtc,
-                    server_rtc_configuration=rtc,
-                    track_constraints=TRACK_CONSTRAINTS,
-                    full_screen=False,
-                    elem_id="rt-webrtc",
-                )
-                clear = gr.Button("Clear", elem_id="rt-clear", size="sm")
-            with gr.Column(scale=3):
-                notice = gr.HTML(render_notice(turn.notice(None)), elem_id="rt-notice")
-                transcript = gr.HTML(render_transcript(None), elem_id="rt-transcript")
-                status = gr.HTML(render_status(service, None, None), elem_id="rt-status")
+        gr.HTML("<h1 class='rt-title'>Real-time transcription</h1>", elem_id="rt-header")
+        gr.HTML('<div id="rt-connection" role="status" aria-live="polite"></div>', elem_id="rt-connection-box")
+        with gr.Tabs(elem_id="rt-tabs"):
+            with gr.Tab("Live", id="live", elem_id="rt-tab-live"):
+                gr.HTML("<p class='rt-intro'>Speak into your microphone; tentative words are grey, final text "
+                        "settles when you pause. <a href='?view=captions'>Captions view</a></p>")
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=220):
+                        audio = WebRTC(
+                            label="Microphone",
+                            modality="audio",
+                            mode="send",
+                            rtc_configuration=rtc,
+                            server_rtc_configuration=rtc,
+                            track_constraints=TRACK_CONSTRAINTS,
+                            full_screen=False,
+                            elem_id="rt-webrtc",
+                        )
+                        with gr.Row():
+                            copy = gr.Button("Copy text", elem_id="rt-copy", size="sm")
+                            clear = gr.Button("Clear", elem_id="rt-clear", size="sm")
+                    with gr.Column(scale=3, min_width=280):
+                        notice = gr.HTML(render_notice(turn.notice(None)), elem_id="rt-notice")
+                        transcript = gr.HTML(render_transcript(None), elem_id="rt-transcript")
+                        status = gr.HTML(render_status(service, None, None), elem_id="rt-status")
+            with gr.Tab("File", id="file", elem_id="rt-tab-file"):
+                upload = gr.File(label=f"Recording ({', '.join(t[1:] for t in FILE_TYPES)})",
+                                 file_types=FILE_TYPES, type="filepath", elem_id="rt-file-input")
+                file_progress = gr.HTML("", elem_id="rt-file-progress")
+                file_text = gr.HTML(render_file_text([], {}), elem_id="rt-file-text")
+                file_downloads = gr.HTML("", elem_id="rt-file-downloads")
         session_state = gr.State(None)
+        languages: dict[str, dict[int, str]] = {}  # session -> segment -> language, from its final events
 
         audio.stream(
             TranscriptionHandler(service),
@@ -121,11 +271,23 @@ def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple
         turn.attach(audio)
 
         def on_output(event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
-            page_html = render_transcript(service.snapshot(session_id))
+            if event.get("type") == "final" and event.get("language"):
+                for sid in [sid for sid in languages if service.snapshot(sid) is None]:
+                    del languages[sid]
+                languages.setdefault(session_id, {})[int(event["segment"])] = str(event["language"])
+            page_html = render_transcript(service.snapshot(session_id), languages.get(session_id))
             return page_html, render_status(service, session_id, event), session_id, ""
 
         audio.on_additional_outputs(on_output, outputs=[transcript, status, session_state, notice],
                                     concurrency_limit=None, queue=True)
+
+        async def on_upload(path: str | None) -> AsyncIterator[tuple[str, str, str]]:
+            async for out in transcribe_upload(service, path):
+                yield out
+
+        upload.change(on_upload, inputs=[upload], outputs=[file_progress, file_text, file_downloads],
+                      concurrency_limit=settings.concurrency_limit, show_progress="hidden")
+        copy.click(None, js=COPY_JS)
 
         def on_load(request: gr.Request) -> str:
             return render_notice(turn.notice(request.headers.get("host")))
@@ -148,6 +310,7 @@ def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple
         def on_clear(session_id: str | None) -> tuple[str, str]:
             if session_id:
                 service.clear(session_id)
+                languages.pop(session_id, None)
             return render_transcript(None), render_status(service, session_id, None)
 
         clear.click(on_clear, inputs=[session_state], outputs=[transcript, status], queue=False)

@@ -1,0 +1,246 @@
+"""Drive every part of the page in headless Chromium against one launched app; write what happened as JSON.
+
+Run by tests/test_page.py inside a loopback-only network namespace:
+    unshare --net bash -c 'ip link set lo up && exec python tests/page_check.py --mic W --upload F --out O --shots D'
+One app (`python app.py --ice-loopback`, conftest.launch), one browser whose fake microphone loops `--mic`:
+- `live`: the live view transcribes the microphone; lines, downloads (fetched from the page), the copy button;
+- `captions`: `?view=captions` while it transcribes: which lines are visible and how large;
+- `file`: the file tab reached with the keyboard, `--upload` picked, progress and text polled until done;
+- `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
+- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps.
+Every request any page makes is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from browser_check import FLAGS, KEEP_PCS
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+
+from conftest import App, launch, stop
+
+LINES = """(sel) => [...document.querySelectorAll(`${sel} .rt-line`)].map((l) => ({
+  time: l.querySelector(".rt-time")?.textContent.trim() ?? "",
+  lang: l.querySelector(".rt-lang")?.textContent.trim() ?? "",
+  final: l.querySelector(".rt-final")?.textContent.trim() ?? "",
+  partial: !!l.querySelector(".rt-committed, .rt-tentative"),
+  visible: l.offsetParent !== null && l.getBoundingClientRect().height > 0,
+  font_px: parseFloat(getComputedStyle(l).fontSize) }))"""
+FETCH = """async (hrefs) => { const out = {};
+  for (const [ext, href] of Object.entries(hrefs)) { const r = await fetch(href);
+    out[ext] = { status: r.status, type: r.headers.get("content-type"), text: await r.text() }; }
+  return out; }"""
+LINKS = """(sel) => Object.fromEntries([...document.querySelectorAll(`${sel} .rt-downloads a`)].map(
+  (a) => [a.getAttribute("download").split(".").pop(), a.getAttribute("href")]))"""
+PROGRESS = """() => { const p = document.querySelector("#rt-file-progress .rt-progress");
+  const bar = p?.querySelector("progress");
+  return { state: p?.dataset.state ?? null, done: +(p?.dataset.done ?? 0), total: +(p?.dataset.total ?? 0),
+           value: bar ? bar.value : null, label: p?.innerText.trim() ?? "",
+           error: document.querySelector("#rt-file-progress .rt-progress-error")?.innerText ?? null,
+           lines: [...document.querySelectorAll("#rt-file-text .rt-final")].map((e) => e.textContent.trim()) }; }"""
+OVERFLOW = """() => ({ width: innerWidth, scroll: document.documentElement.scrollWidth,
+  wide: [...document.querySelectorAll("#rt-webrtc, #rt-transcript, #rt-status, #rt-file-input, #rt-tabs button")]
+    .filter((e) => e.offsetParent !== null).map((e) => [e.id || e.textContent.trim(), e.getBoundingClientRect().right])
+    .filter(([, right]) => right > innerWidth + 1) })"""
+
+
+def finals(page: Page) -> list[str]:
+    return [line["final"] for line in page.evaluate(LINES, "#rt-transcript") if line["final"]]
+
+
+def start_live(context: BrowserContext, url: str) -> Page:
+    page = context.new_page()
+    page.add_init_script(KEEP_PCS)
+    page.goto(url, wait_until="load")
+    access = page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone")
+    access.wait_for(state="visible", timeout=30_000)
+    access.click()
+    page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
+    return page
+
+
+def wait_finals(page: Page, n: int, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(finals(page)) < n:
+        page.wait_for_timeout(200)
+    return finals(page)
+
+
+def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
+    page = start_live(context, app.url)
+    r: dict[str, Any] = {"finals": wait_finals(page, 2, 90)}
+    page.wait_for_timeout(300)
+    r["lines"] = page.evaluate(LINES, "#rt-transcript")
+    r["status"] = page.inner_text("#rt-status")
+    links = page.evaluate(LINKS, "#rt-status")
+    r["links"] = links
+    r["downloads"] = page.evaluate(FETCH, links)
+    shown = finals(page)
+    page.focus("#rt-copy")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(500)
+    r["copied"] = page.evaluate("() => navigator.clipboard.readText()")
+    r["shown_at_copy"] = shown
+    r["said"] = page.evaluate("() => document.getElementById('rt-say')?.textContent ?? ''")
+    page.screenshot(path=str(shots / "page-live.png"))
+    page.close()
+    return r
+
+
+def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
+    page = start_live(context, f"{app.url}/?view=captions")
+    seen: list[list[str]] = []
+    deadline = time.monotonic() + 120
+    lines: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        lines = page.evaluate(LINES, "#rt-transcript")
+        visible = [line["final"] or "(partial)" for line in lines if line["visible"]]
+        if visible and (not seen or seen[-1] != visible):
+            seen.append(visible)
+        if sum(1 for line in lines if line["final"]) >= 4:
+            break
+        page.wait_for_timeout(200)
+    r: dict[str, Any] = {"lines": lines, "seen": seen}
+    r["hidden"] = page.evaluate("""() => ["#rt-header", "#rt-status", "#rt-copy"].map(
+        (s) => document.querySelector(s)?.offsetParent === null)""")
+    r["control_visible"] = page.locator("#rt-webrtc").is_visible()
+    page.screenshot(path=str(shots / "page-captions.png"))
+    page.close()
+    return r
+
+
+def file_tab(context: BrowserContext, app: App, upload: Path, shots: Path) -> dict[str, Any]:
+    page = context.new_page()
+    page.goto(app.url, wait_until="load")
+    page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone").wait_for(timeout=30_000)
+    r: dict[str, Any] = {"tabs": 0}
+    page.locator("body").focus()
+    for presses in range(1, 60):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("() => [document.activeElement.getAttribute('role'), "
+                                "document.activeElement.textContent.trim()]")
+        if focused == ["tab", "File"]:
+            r["tabs"] = presses
+            break
+    page.keyboard.press("Enter")
+    file_input = page.locator("#rt-file-input input[type=file]")
+    try:
+        page.locator("#rt-file-input").wait_for(state="visible", timeout=10_000)
+        r["input_reached"] = True
+    except PlaywrightError:
+        r["input_reached"] = False
+    file_input.set_input_files(str(upload))
+    states: list[dict[str, Any]] = []
+    shot = False
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        s = page.evaluate(PROGRESS)
+        if not states or (s["done"], s["total"], s["state"], len(s["lines"])) != (
+                states[-1]["done"], states[-1]["total"], states[-1]["state"], len(states[-1]["lines"])):
+            states.append(s)
+        if not shot and s["state"] == "running" and s["done"] >= 1:
+            page.screenshot(path=str(shots / "page-file.png"))
+            shot = True
+        if s["state"] == "done" or s["error"]:
+            break
+        page.wait_for_timeout(100)
+    page.wait_for_timeout(300)
+    links = page.evaluate(LINKS, "#rt-file-downloads")
+    r.update(states=states, mid_shot=shot, final=page.evaluate(PROGRESS),
+             lines=page.evaluate(LINES, "#rt-file-text"),
+             downloads={ext: base64.b64decode(href.split(",", 1)[1]).decode() for ext, href in links.items()
+                        if href.startswith("data:")}, link_schemes=[h.split(":", 1)[0] for h in links.values()])
+    page.close()
+    with upload.open("rb") as f:  # the same recording through the HTTP API, for comparison
+        api = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": (upload.name, f)},
+                         data={"response_format": "json"}, timeout=300)
+    r["api_text"] = api.json().get("text")
+    return r
+
+
+def phone(browser: Browser, app: App, requests: list[str], shots: Path) -> dict[str, Any]:
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                                  device_scale_factor=2)
+    context.on("request", lambda q: requests.append(q.url))
+    page = context.new_page()
+    page.goto(app.url, wait_until="load")
+    access = page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone")
+    access.wait_for(timeout=30_000)
+    r: dict[str, Any] = {"live": page.evaluate(OVERFLOW)}
+    box = access.bounding_box()
+    r["access_box"] = box
+    page.screenshot(path=str(shots / "page-phone.png"))
+    page.get_by_role("tab", name="File").tap()
+    page.locator("#rt-file-input").wait_for(state="visible", timeout=10_000)
+    r["file"] = page.evaluate(OVERFLOW)
+    context.close()
+    return r
+
+
+def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
+    page = start_live(context, app.url)
+    r: dict[str, Any] = {"before": wait_finals(page, 1, 90)}
+    page.wait_for_timeout(200)
+    r["before"] = finals(page)
+    app.proc.kill()
+    app.proc.wait(10)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not page.inner_text("#rt-connection").strip():
+        page.wait_for_timeout(250)
+    r["notice"] = page.inner_text("#rt-connection").strip()
+    r["after"] = finals(page)
+    r["pc_states"] = page.evaluate("() => window.__pcs.map((pc) => pc.connectionState)")
+    page.screenshot(path=str(shots / "page-dropped.png"))
+    page.close()
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mic", type=Path, required=True, help="the fake microphone (16-bit WAV, looped)")
+    ap.add_argument("--upload", type=Path, required=True, help="the recording the file tab is given")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shots", type=Path, required=True, help="folder for the README's screenshots")
+    ap.add_argument("--artifacts", type=Path, required=True, help="folder for the other screenshots")
+    a = ap.parse_args()
+    results: dict[str, Any] = {"requests": [], "timings": {}}
+    app = launch(a.out.parent)
+    results["origin"] = app.url
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                        args=[*FLAGS, f"--use-file-for-fake-audio-capture={a.mic.resolve()}"])
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app.url)
+            context.on("request", lambda q: results["requests"].append(q.url))
+            context.on("page", lambda pg: pg.on("websocket", lambda ws: results["requests"].append(ws.url)))
+            for name, run in (
+                ("live", lambda: live(context, app, a.shots)),
+                ("captions", lambda: captions(context, app, a.shots)),
+                ("file", lambda: file_tab(context, app, a.upload, a.shots)),
+                ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
+                ("drop", lambda: drop(context, app, a.artifacts)),
+            ):
+                t0 = time.monotonic()
+                try:
+                    results[name] = run()
+                except Exception as exc:  # recorded for the test to report; the next scenario still runs
+                    results[name] = {"exception": repr(exc)}
+                results["timings"][name] = round(time.monotonic() - t0, 1)
+            browser.close()
+    finally:
+        stop(app)
+        results["app_log"] = app.log.read_text()[-6000:]
+    a.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The page in headless Chromium: live view, captions view, file tab, phone viewport, a dropped connection.
+
+tests/page_check.py drives one launched app with one browser inside a network namespace that has only `lo`;
+the fake microphone loops real recordings from tests/data, and the file tab is given two real recordings joined
+into one FLAC. These tests read what it recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from realtime.audio import SAMPLE_RATE, decode_file
+
+from conftest import ARTIFACTS, ROOT
+from real_speech import Compilation, clips, compilation, corpus_wer
+
+pytestmark = pytest.mark.timeout(420)
+MIC = ["jfk.flac", "librispeech-1272-141231-0002.flac", "speechbrain-spk1_snt1.flac", "ljspeech-LJ050-0131.flac"]
+UPLOAD = ["librivox-shakespeare-sonnet-001.flac", "librivox-shakespeare-sonnet-002.flac"]
+TIME = re.compile(r"^\d\d:\d\d\.\d → \d\d:\d\d\.\d$")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dict[str, Any]]:
+    for tool in ("/usr/bin/chromium", "unshare", "ip"):
+        assert shutil.which(tool), f"{tool} is required (apt-get install chromium util-linux iproute2)"
+    import playwright.sync_api  # noqa: F401  (an ImportError fails the test; it must not skip)
+
+    tmp = tmp_path_factory.mktemp("page")
+    by_name = {c.name: c for c in clips()}
+    mic = compilation([by_name[n] for n in MIC], tmp / "mic.wav", gap=1.5)
+    upload = tmp / "sonnets.flac"
+    parts = [decode_file(by_name[n].path) for n in UPLOAD]
+    sf.write(str(upload), np.concatenate([parts[0], np.zeros(SAMPLE_RATE // 2, np.float32), parts[1]]),
+             SAMPLE_RATE, subtype="PCM_16")
+    shots = ARTIFACTS / "page"
+    shots.mkdir(parents=True, exist_ok=True)
+    for old in shots.glob("*.png"):
+        old.unlink()
+    out = tmp / "result.json"
+    check = [sys.executable, str(ROOT / "tests" / "page_check.py"), "--mic", str(mic.path), "--upload", str(upload),
+             "--out", str(out), "--shots", str(shots), "--artifacts", str(shots)]
+    proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
+    assert proc.returncode == 0 and out.exists(), f"page check failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    r = json.loads(out.read_text())
+    print(f"\nscenario seconds: {r['timings']}")
+    reference = " ".join(by_name[n].text for n in UPLOAD)
+    return mic, reference, r
+
+
+def _scenario(r: dict[str, Any], name: str) -> dict[str, Any]:
+    s = r[name]
+    assert "exception" not in s, f"{name}: {s['exception']}\n{r['app_log']}"
+    return s
+
+
+def test_live_view_lines_downloads_and_copy(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    mic, _, r = run
+    live = _scenario(r, "live")
+    finals = live["finals"]
+    assert len(finals) >= 2, live
+    heard = [w for f in finals for w in _words(f)]
+    said = set(_words(mic.text))
+    assert sum(w in said for w in heard) >= 0.8 * len(heard), f"heard {finals}, spoken {mic.text!r}"
+    for line in live["lines"]:
+        if line["final"]:
+            assert TIME.match(line["time"]), line
+            assert not line["lang"] or re.fullmatch(r"[a-z]{2,3}", line["lang"]), line
+    d = live["downloads"]
+    assert set(d) == {"txt", "srt", "vtt", "json"} and all(v["status"] == 200 for v in d.values()), d
+    assert d["txt"]["text"].splitlines()[:len(finals)] == finals
+    assert d["srt"]["text"].count(" --> ") >= len(finals) and all(f in d["srt"]["text"] for f in finals)
+    assert d["vtt"]["text"].startswith("WEBVTT") and all(f in d["vtt"]["text"] for f in finals)
+    assert [s["text"] for s in json.loads(d["json"]["text"])["segments"]][:len(finals)] == finals
+    shown = live["shown_at_copy"]
+    assert live["copied"].split("\n")[:len(shown)] == shown and live["said"] == "Transcript copied", live
+
+
+def test_captions_view_shows_last_lines_large(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    _, _, r = run
+    live, cap = _scenario(r, "live"), _scenario(r, "captions")
+    lines = cap["lines"]
+    finals = [line for line in lines if line["final"]]
+    assert len(finals) >= 4, cap
+    assert all(len(v) <= 2 for v in cap["seen"]), cap["seen"]
+    visible = [line for line in lines if line["visible"]]
+    assert visible and visible[-1] is lines[-1] and not any(line["visible"] for line in lines[:-2]), lines
+    assert min(line["font_px"] for line in visible) >= 2 * live["lines"][0]["font_px"], (visible, live["lines"])
+    assert len(cap["seen"]) >= 3, f"the captions did not update live: {cap['seen']}"
+    assert all(cap["hidden"]) and cap["control_visible"], cap
+
+
+def test_file_tab_progress_text_and_downloads(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    _, reference, r = run
+    f = _scenario(r, "file")
+    assert f["tabs"] > 0 and f["input_reached"], "the File tab is not reachable with Tab and Enter"
+    final = f["final"]
+    assert final["state"] == "done" and final["done"] == final["total"] >= 2 and final["value"] == 1, final
+    partway = [s for s in f["states"] if s["state"] == "running" and 0 < s["done"] and s["lines"]]
+    assert partway, f"no progress with text before the end: {f['states']}"
+    assert all(0 < s["value"] < 1 for s in partway) and f["mid_shot"]
+    assert all(s["lines"] == final["lines"][:len(s["lines"])] for s in partway), "text was replaced, not filled in"
+    text = " ".join(final["lines"])
+    assert corpus_wer([reference], [text]) <= 0.2, text
+    assert corpus_wer([f["api_text"]], [text]) <= 0.05, (f["api_text"], text)
+    assert all(TIME.match(line["time"]) for line in f["lines"]) and all(line["lang"] == "en" for line in f["lines"])
+    assert f["link_schemes"] == ["data"] * 4, f["link_schemes"]
+    d = f["downloads"]
+    assert d["txt"].splitlines() == final["lines"]
+    assert d["srt"].count(" --> ") == len(final["lines"]) and d["vtt"].startswith("WEBVTT")
+    doc = json.loads(d["json"])
+    assert doc["language"] == "en" and [s["text"] for s in doc["segments"]] == final["lines"]
+
+
+def test_phone_viewport_has_no_sideways_overflow(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    phone = _scenario(run[2], "phone")
+    for tab in ("live", "file"):
+        assert phone[tab]["scroll"] <= phone[tab]["width"] and not phone[tab]["wide"], phone
+    box = phone["access_box"]
+    assert box["x"] >= 0 and box["x"] + box["width"] <= phone["live"]["width"], box
+
+
+def test_dropped_connection_is_reported_and_transcript_kept(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    drop = _scenario(run[2], "drop")
+    assert drop["before"], drop
+    assert "connection to the server dropped" in drop["notice"], drop
+    assert drop["after"][:len(drop["before"])] == drop["before"], drop
+
+
+def test_page_requests_stay_on_its_own_server(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    r = run[2]
+    origin = urlsplit(r["origin"])
+    assert r["requests"]
+    outside = [u for u in r["requests"] if urlsplit(u).scheme not in ("data", "blob")
+               and (urlsplit(u).hostname, urlsplit(u).port) != (origin.hostname, origin.port)]
+    assert not outside, f"the page asked for other origins: {outside}"
