@@ -6,8 +6,11 @@ This module owns the HTTP transcription routes served next to the page (same pro
   `POST /v1/audio/translations` (and `/api/v1/audio/translations`): a multipart `file` (wav, flac, mp3,
   ogg/opus, webm, m4a: anything PyAV decodes, any rate or channel count), or the raw audio as the body
   (`Content-Type: audio/*` or `application/octet-stream`, fields in the query string). Fields `model`,
-  `language`, `prompt`, `temperature`, `response_format` (`json`, `text`, `verbose_json`, `srt`, `vtt`) and
-  `stream` (`true`: Server-Sent Events `transcript.text.delta` / `transcript.text.done`, as OpenAI sends them).
+  `language`, `prompt`, `temperature`, `response_format` (`json`, `text`, `verbose_json`, `srt`, `vtt`),
+  `timestamp_granularities[]` (`segment`, `word`: `verbose_json` then has OpenAI's `words`, on engines that
+  declare word timestamps) and `stream` (`true`: Server-Sent Events `transcript.text.delta` /
+  `transcript.text.done`, as OpenAI sends them). `verbose_json` gives each segment the language detected in
+  it (`language`); a language the model does not speak (any but English on an English-only model) is refused.
 - `GET /v1/models`: the model served.
 
 The upload goes to a temporary file while it is read (never whole in memory; `--max-upload-mb` is checked
@@ -16,13 +19,15 @@ pipeline's VAD in a thread, and the segments join the shared worker's file lane 
 (realtime/transcribe.py, realtime/worker.py): live sessions' finals go first. Errors use OpenAI's shape
 `{"error": {"message", "type", "code"}}`: 400 undecodable or empty audio, 401 missing or wrong key
 (`--api-key`), 405 wrong method (with `Allow`), 413 too large, 415 not audio, 422 bad field, 503 with
-Retry-After when the engine is not ready, unavailable or too busy (`--api-max-requests`).
+Retry-After when the engine is not ready, unavailable or too busy (`--api-max-requests`); 400 also for what the
+engine cannot do (translation or another language on an English-only model, word timestamps on an engine without).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -45,14 +50,17 @@ from . import transcript as fmt
 from .access import bearer, is_key
 from .audio import AudioDecodeError
 from .engines import EngineUnavailable, TranscribeOptions, Transcription
+from .engines.types import Word
 from .service import TranscriptionService
-from .transcribe import SegmentStream, stream_text, timed_entries, transcribe_results
+from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results
 from .transcript import Entry
+from .vad import SegmentEnd
 
 log = logging.getLogger(__name__)
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 TIMED_FORMATS = ("verbose_json", "srt", "vtt")
+GRANULARITIES = ("segment", "word")
 RAW_TYPES = ("audio/", "video/", "application/octet-stream")
 NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "application/zip",
                    "application/xml")
@@ -89,11 +97,24 @@ class Params:
     prompt: str | None
     temperature: float | None
     model: str | None
+    words: bool = False
+    """`timestamp_granularities[]` has `word`: verbose_json carries each word's times."""
 
 
 def _unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
     return APIError(503, message, code, kind="server_error",
                     headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NO_SPACE_RETRY_S = 30
+
+
+def _no_space(exc: OSError) -> APIError:
+    log.warning("no space to spool an upload under %s: %s", tempfile.gettempdir(), exc.strerror or exc)
+    return APIError(507, "the server has no disk space left to receive the upload; retry later or send a smaller "
+                         "file", "insufficient_storage", kind="server_error",
+                    headers={"Retry-After": str(NO_SPACE_RETRY_S)})
 
 
 def _parse_params(fields: dict[str, str]) -> Params:
@@ -126,14 +147,31 @@ def _parse_params(fields: dict[str, str]) -> Params:
             raise APIError(422, f"temperature must be between 0 and 1 (got {temperature})", "invalid_temperature")
         if temperature == 0.0:
             temperature = None  # OpenAI's 0: greedy, raised automatically when the decode looks wrong
-    granularities = fields.get("timestamp_granularities[]") or fields.get("timestamp_granularities") or ""
-    if "word" in granularities:
-        raise APIError(422, "word timestamps are not supported; segment timestamps come with verbose_json",
+    raw_g = ",".join(v for k in ("timestamp_granularities[]", "timestamp_granularities") if (v := fields.get(k)))
+    granularities = {g for g in re.split(r"[\s,\[\]\"']+", raw_g.lower()) if g}  # word / word,segment / ["word"]
+    if granularities - set(GRANULARITIES):
+        raise APIError(422, f"timestamp_granularities[] takes {' and '.join(GRANULARITIES)} "
+                            f"(got {', '.join(sorted(granularities - set(GRANULARITIES)))})",
+                       "invalid_timestamp_granularities")
+    if granularities and fmt_ != "verbose_json":
+        raise APIError(422, "timestamp_granularities[] needs response_format=verbose_json",
                        "invalid_timestamp_granularities")
     model = (fields.get("model") or "").strip() or None
     if model is not None and len(model) > 256:
         raise APIError(422, "model name too long", "invalid_model")
-    return Params(fmt_, stream, language, prompt, temperature, model)
+    return Params(fmt_, stream, language, prompt, temperature, model, words="word" in granularities)
+
+
+def _file_words(end: SegmentEnd, result: Transcription) -> list[Word]:
+    """A result's words in the file's time, in OpenAI's spelling (no leading space)."""
+    out = []
+    for w in result.words:
+        if isinstance(end, Window):
+            start, stop = end.stream_time(w.start), end.stream_time(w.end, end=True)
+        else:
+            start, stop = end.audio_start + w.start, end.audio_start + w.end
+        out.append(Word(round(start, 3), round(max(stop, start), 3), w.word.strip(), w.probability))
+    return out
 
 
 def _check_audio(path: Path, declared: str) -> None:
@@ -189,6 +227,22 @@ def create_router(service: TranscriptionService) -> APIRouter:
             raise _unavailable(f"the {engine.name} engine is not ready", 5, "engine_not_ready")
         return engine.describe()
 
+    def check_capabilities(params: Params, info: dict[str, Any]) -> None:
+        """400 for what the engine and model cannot do, said plainly."""
+        engine = service.engine
+        if params.language is not None and params.language not in engine.languages:
+            english = engine.languages == ("en",)
+            raise APIError(400, f"the model {info.get('model')} is English-only and cannot transcribe language "
+                                f"{params.language!r}; leave language out, or run a multilingual model (--model base)"
+                           if english else f"the model {info.get('model')} does not know language "
+                                           f"{params.language!r} (it knows {', '.join(engine.languages)})",
+                           "unsupported_language")
+        if params.words and not engine.word_timestamps:
+            raise APIError(400, f"the {engine.name} engine cannot give word timestamps (Whisper's word alignment "
+                                "needs the model's cross-attention, which it does not return); ask for "
+                                "timestamp_granularities[]=segment, or run the embedded engine",
+                           "word_timestamps_unsupported")
+
     async def limited(request: Request) -> AsyncIterator[bytes]:
         seen = 0
         async for chunk in request.stream():
@@ -199,7 +253,14 @@ def create_router(service: TranscriptionService) -> APIRouter:
 
     async def read_upload(request: Request, kind: str, workdir: Path) -> tuple[dict[str, str], Path, str]:
         """(fields, path of the audio file on disk, declared content type)."""
-        fields: dict[str, str] = {k: v for k, v in request.query_params.items()}
+        fields: dict[str, str] = {}
+
+        def add(name: str, value: str) -> None:  # repeated granularities (one part per value) are all kept
+            fields[name] = f"{fields[name]},{value}" if name.startswith("timestamp_granularities") and \
+                name in fields else value
+
+        for k, v in request.query_params.multi_items():
+            add(k, v)
         if kind == "raw":
             declared = request.headers.get("content-type", "")
             path = workdir / "upload"
@@ -214,7 +275,12 @@ def create_router(service: TranscriptionService) -> APIRouter:
             return fields, path, declared
         parser = MultiPartParser(request.headers, limited(request), max_files=4, max_fields=64,
                                  max_part_size=64 * 1024)
-        form = await parser.parse()
+        try:
+            form = await parser.parse()
+        except OSError:  # a full disk under the parser's spill files: it closes them only on its own errors
+            for file in getattr(parser, "_files_to_close_on_error", ()):
+                file.close()
+            raise
         upload: UploadFile | None = None
         try:
             for name, value in form.multi_items():
@@ -225,7 +291,7 @@ def create_router(service: TranscriptionService) -> APIRouter:
                     raise APIError(422, "file must be sent as a file part (multipart with a filename)",
                                    "invalid_file")
                 else:
-                    fields[name] = value
+                    add(name, value)
             if upload is None:
                 raise APIError(422, "the multipart field 'file' (the audio) is missing", "missing_file")
             path = workdir / ("upload" + _suffix(upload.filename))
@@ -241,40 +307,45 @@ def create_router(service: TranscriptionService) -> APIRouter:
         return APIError(500, f"transcription failed: {exc}", "engine_error", kind="server_error")
 
     async def results(path: Path, options: TranscribeOptions, segments: SegmentStream,
-                      ) -> AsyncIterator[tuple[Entry, Transcription]]:
+                      ) -> AsyncIterator[tuple[SegmentEnd, Transcription, list[Entry]]]:
+        """(segment or window, its result, its entries) in order."""
         n = 0
         async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
             if isinstance(result, BaseException):
                 raise engine_error(result)
-            for entry in timed_entries(end, result, n):
-                n += 1
-                yield entry, result
+            entries = timed_entries(end, result, n)
+            n += len(entries)
+            yield end, result, entries
 
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
         # segments are packed into windows; formats with times ask for Whisper's timestamps in them, or go
         # segment by segment on engines that have none
         window = settings.file_window_s or None
         if params.response_format in TIMED_FORMATS:
-            options = dataclasses.replace(options, timestamps=True)
+            options = dataclasses.replace(options, timestamps=True, word_timestamps=params.words)
             window = window if service.engine.timestamps else None
         segments = SegmentStream(path, settings.vad_config(), window_s=window)
         entries: list[Entry] = []
         verbose: list[dict[str, Any]] = []
+        words: list[dict[str, Any]] = []
         language = options.language
         try:
-            async for entry, result in results(path, options, segments):
+            async for end, result, found in results(path, options, segments):
                 language = language or result.language
-                if not entry.text:
-                    continue
-                entries.append(entry)
-                verbose.append({
-                    "id": len(verbose), "seek": 0, "start": round(entry.start, 3), "end": round(entry.end, 3),
-                    "text": entry.text, "tokens": [],
-                    "temperature": float(result.extra.get("temperature", options.temperature or 0.0)),
-                    "avg_logprob": result.avg_logprob if result.avg_logprob is not None else 0.0,
-                    "compression_ratio": 0.0,
-                    "no_speech_prob": result.no_speech_prob if result.no_speech_prob is not None else 0.0,
-                })
+                words += [{"word": w.word, "start": w.start, "end": w.end} for w in _file_words(end, result)]
+                for entry in found:
+                    if not entry.text:
+                        continue
+                    entries.append(entry)
+                    verbose.append({
+                        "id": len(verbose), "seek": 0, "start": round(entry.start, 3), "end": round(entry.end, 3),
+                        "text": entry.text, "tokens": [],
+                        "temperature": float(result.extra.get("temperature", options.temperature or 0.0)),
+                        "avg_logprob": result.avg_logprob if result.avg_logprob is not None else 0.0,
+                        "compression_ratio": 0.0,
+                        "no_speech_prob": result.no_speech_prob if result.no_speech_prob is not None else 0.0,
+                        "language": result.language or options.language or "en",
+                    })
         except AudioDecodeError as exc:
             raise APIError(400, f"the file is not decodable audio ({_clean(exc, path)})", "invalid_audio") from None
         text = " ".join(e.text for e in entries)
@@ -288,7 +359,8 @@ def create_router(service: TranscriptionService) -> APIRouter:
         if params.response_format == "vtt":
             return PlainTextResponse(fmt.to_vtt(entries), media_type="text/vtt")
         return JSONResponse({"task": task, "language": language or "en", "duration": round(segments.duration, 3),
-                             "text": text, "segments": verbose, "usage": usage})
+                             "text": text, "segments": verbose, **({"words": words} if params.words else {}),
+                             "usage": usage})
 
     async def events(path: Path, options: TranscribeOptions) -> AsyncIterator[str]:
         """OpenAI's streaming events: a delta per piece of text (the engine's own deltas, or Whisper's timed pieces
@@ -321,10 +393,12 @@ def create_router(service: TranscriptionService) -> APIRouter:
             else:  # a delta per timed piece of each window where the engine gives Whisper's timestamps
                 if engine.timestamps:
                     options = dataclasses.replace(options, timestamps=True)
-                async for entry, _ in results(path, options, segments):
-                    if entry.text:
-                        yield event({"type": "transcript.text.delta", "delta": (" " if texts else "") + entry.text})
-                        texts.append(entry.text)
+                async for _, _, found in results(path, options, segments):
+                    for entry in found:
+                        if entry.text:
+                            yield event({"type": "transcript.text.delta",
+                                         "delta": (" " if texts else "") + entry.text})
+                            texts.append(entry.text)
             yield event({"type": "transcript.text.done", "text": " ".join(texts)})
         except AudioDecodeError as exc:
             yield event(APIError(400, f"the file is not decodable audio ({_clean(exc, path)})",
@@ -361,8 +435,13 @@ def create_router(service: TranscriptionService) -> APIRouter:
         if settings.api_max_requests and running >= settings.api_max_requests:
             raise _unavailable(f"the server is busy ({running} transcriptions running); retry shortly", 2,
                                "overloaded")
+        try:
+            workdir = Path(tempfile.mkdtemp(prefix="realtime-api-"))
+        except OSError as exc:
+            if exc.errno in NO_SPACE:
+                raise _no_space(exc) from None
+            raise
         running += 1
-        workdir = Path(tempfile.mkdtemp(prefix="realtime-api-"))
         handed_over = False
         try:
             try:
@@ -371,7 +450,12 @@ def create_router(service: TranscriptionService) -> APIRouter:
                 raise APIError(413, str(exc), "file_too_large") from None
             except MultiPartException as exc:
                 raise APIError(400, f"malformed multipart body: {exc.message}", "invalid_multipart") from None
+            except OSError as exc:  # the disk filled while the upload was written (the parser's spill or ours)
+                if exc.errno in NO_SPACE:
+                    raise _no_space(exc) from None
+                raise
             params = _parse_params(fields)
+            check_capabilities(params, info)
             await asyncio.to_thread(_check_audio, path, declared)
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
                                         prompt=params.prompt, temperature=params.temperature)

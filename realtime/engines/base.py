@@ -22,6 +22,16 @@ from ..audio import SAMPLE_RATE, split_at_quiet
 from . import policy
 from .types import EngineError, EngineUnavailable, TimedText, TranscribeOptions, Transcription
 
+WHISPER_LANGUAGES: tuple[str, ...] = (
+    "af", "am", "ar", "as", "az", "ba", "be", "bg", "bn", "bo", "br", "bs", "ca", "cs", "cy", "da", "de", "el", "en",
+    "es", "et", "eu", "fa", "fi", "fo", "fr", "gl", "gu", "ha", "haw", "he", "hi", "hr", "ht", "hu", "hy", "id", "is",
+    "it", "ja", "jw", "ka", "kk", "km", "kn", "ko", "la", "lb", "ln", "lo", "lt", "lv", "mg", "mi", "mk", "ml", "mn",
+    "mr", "ms", "mt", "my", "ne", "nl", "nn", "no", "oc", "pa", "pl", "ps", "pt", "ro", "ru", "sa", "sd", "si", "sk",
+    "sl", "sn", "so", "sq", "sr", "su", "sv", "sw", "ta", "te", "tg", "th", "tk", "tl", "tr", "tt", "uk", "ur", "uz",
+    "vi", "yi", "yo", "zh", "yue",
+)
+"""The language codes of multilingual Whisper models, as their tokenizers name them."""
+
 MAX_CLIP_S = 30.0
 """Whisper's window: engines without long-form decoding get audio cut to at most this."""
 
@@ -42,6 +52,11 @@ class Engine(Protocol):
     """Whether `transcribe_stream` gives text while decoding (else it gives the whole text at the end)."""
     translates: bool
     """Whether `task="translate"` is honoured (a multilingual model)."""
+    word_timestamps: bool
+    """Whether a request with `TranscribeOptions.word_timestamps` gets each word's times (`TimedText.words`)."""
+    languages: tuple[str, ...]
+    """The language codes a request may name (`("en",)` for an English-only model); the model detects the
+    language of a request that names none."""
     ready: bool
     """Whether requests are served now (weights loaded, an endpoint or a fallback reachable)."""
 
@@ -92,10 +107,16 @@ class EngineBase:
     """Whether `_decode` takes audio over `MAX_CLIP_S` itself (else the base cuts it at quiet points)."""
     language: str | None = None
     """The default language, reported for answers that need no decoding."""
+    word_timestamps: bool = False
 
     @property
     def translates(self) -> bool:
         return False
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """Whisper's languages on a multilingual model (one that translates), else English only."""
+        return WHISPER_LANGUAGES if self.translates else ("en",)
 
     @property
     def ready(self) -> bool:
@@ -199,5 +220,5 @@ class EngineBase:
             spoken = spoken or not first
 
 
-__all__ = ["MAX_CLIP_S", "Engine", "EngineBase", "EngineError", "EngineUnavailable", "TimedText", "TranscribeOptions",
-           "Transcription", "as_clip", "english_only"]
+__all__ = ["MAX_CLIP_S", "WHISPER_LANGUAGES", "Engine", "EngineBase", "EngineError", "EngineUnavailable", "TimedText",
+           "TranscribeOptions", "Transcription", "as_clip", "english_only"]

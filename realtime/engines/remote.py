@@ -214,6 +214,8 @@ class _Deltas:
 class RemoteEngine(EngineBase):
     name = "remote"
     timestamps = True
+    word_timestamps = False
+    """Endpoints differ in whether they return words (vLLM's and Hugging Face's do not); none are asked for."""
     long_form = True
 
     def __init__(

@@ -18,6 +18,19 @@ class TranscribeOptions:
     """A partial hypothesis of a still-open segment: cheapest decoding, no fallback."""
     timestamps: bool = False
     """Ask for timed sub-segments (used by verbose formats)."""
+    word_timestamps: bool = False
+    """Ask for each word's times (`TimedText.words`), on engines that declare `word_timestamps`."""
+
+
+@dataclass(frozen=True)
+class Word:
+    """One spoken word and when it was said, in seconds from the start of the clip; `word` keeps Whisper's
+    leading space (joined, a piece's words are its text)."""
+
+    start: float
+    end: float
+    word: str
+    probability: float | None = None
 
 
 @dataclass(frozen=True)
@@ -25,6 +38,8 @@ class TimedText:
     start: float
     end: float
     text: str
+    words: tuple[Word, ...] = ()
+    """The piece's words with their times, when they were asked for and the engine gives them."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,11 @@ class Transcription:
     avg_logprob: float | None = None
     engine_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def words(self) -> tuple[Word, ...]:
+        """Every timed word of the clip, in order (empty unless word timestamps were asked for)."""
+        return tuple(w for s in self.segments for w in s.words)
 
 
 class EngineError(RuntimeError):

@@ -207,6 +207,8 @@ class VllmSettings:
 class VllmEngine(EngineBase):
     name = "vllm"
     timestamps = False
+    word_timestamps = False
+    """vLLM's Whisper returns tokens only, not the cross-attention that word alignment needs."""
     abortable = True
     """The worker may cancel a running request (a stale partial); the engine then aborts it in vLLM."""
     streaming = True

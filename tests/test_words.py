@@ -1,0 +1,120 @@
+"""Word timestamps: `timestamp_granularities[]=word` on the HTTP API, measured against faster-whisper's own word
+alignment (`word_timestamps=True`) on the same weights and the same real recordings; engines without word
+alignment refuse the request plainly.
+
+Our words come through the whole file path (VAD cuts, segments packed into windows, times mapped back to the
+file), the reference from faster-whisper transcribing the whole file at once: the difference of the word starts
+is what our cutting and mapping add.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from conftest import App, launch, stop
+from real_speech import DATA, clips
+
+WORD_CLIPS = ("jfk.flac", "librispeech-1272-128104-0004-8k.flac", "mfa-cold_corpus.flac",
+              "librivox-shakespeare-sonnet-001.flac")
+"""Read, telephone (8 kHz), spontaneous and long (several windows) speech."""
+MAX_MEAN_START_DIFF_S = 0.2
+
+
+def _norm(word: str) -> str:
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+def matched_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> list[tuple[float, float]]:
+    """(our start, their start) of every word both transcripts have at the same place in the text."""
+    a, b = [_norm(w) for w, _ in ours], [_norm(w) for w, _ in theirs]
+    pairs = []
+    for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
+        pairs += [(ours[block.a + k][1], theirs[block.b + k][1]) for k in range(block.size) if a[block.a + k]]
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    app = launch(tmp_path_factory.mktemp("words"))
+    yield app
+    stop(app)
+
+
+def test_word_timestamps_match_faster_whispers_own(api):
+    from faster_whisper import WhisperModel
+
+    from realtime.engines.embedded import resolve_model
+
+    reference = WhisperModel(resolve_model(None)[0], device="cpu", compute_type="int8")
+    client = OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    by_name = {c.name: c for c in clips()}
+    all_pairs: list[tuple[float, float]] = []
+    for name in WORD_CLIPS:
+        clip = by_name[name]
+        with open(clip.path, "rb") as f:
+            result = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                        timestamp_granularities=["word", "segment"])
+        words = result.words or []
+        assert words, name
+        starts = [w.start for w in words]
+        assert starts == sorted(starts) and all(0 <= w.start <= w.end <= result.duration + 0.01 for w in words)
+        assert all(w.word == w.word.strip() and w.word for w in words)
+        # the words are the text (Whisper's words do not always start at a space: "10001" may be "1" "0001")
+        assert "".join(_norm(w.word) for w in words) == "".join(_norm(w) for w in result.text.split()), name
+        assert result.segments and all(s.start <= s.end for s in result.segments)
+
+        segments, _ = reference.transcribe(str(clip.path), language="en", beam_size=1, word_timestamps=True)
+        theirs = [(w.word, w.start) for s in segments for w in s.words or ()]
+        pairs = matched_starts([(w.word, w.start) for w in words], theirs)
+        assert len(pairs) >= 0.8 * min(len(words), len(theirs)), (name, result.text)
+        mean = sum(abs(x - y) for x, y in pairs) / len(pairs)
+        print(f"{name}: {len(words)} words, {len(pairs)} matched faster-whisper's, mean |start diff| {mean:.3f} s")
+        all_pairs += pairs
+    mean = sum(abs(x - y) for x, y in all_pairs) / len(all_pairs)
+    print(f"all {len(WORD_CLIPS)} clips: {len(all_pairs)} words, mean |start diff| {mean:.3f} s "
+          f"(at most {MAX_MEAN_START_DIFF_S} s)")
+    assert mean < MAX_MEAN_START_DIFF_S
+
+
+def test_words_only_with_verbose_json_and_only_when_asked(api):
+    jfk = (DATA / "jfk.flac").read_bytes()
+
+    def post(**fields: str) -> httpx.Response:
+        return httpx.post(f"{api.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", jfk, "audio/flac")},
+                          data=fields, timeout=300)
+
+    plain = post(response_format="verbose_json").json()
+    assert "words" not in plain and plain["segments"]
+    r = post(response_format="srt", **{"timestamp_granularities[]": "word"})
+    assert r.status_code == 422 and "verbose_json" in r.json()["error"]["message"]
+    r = post(response_format="verbose_json", **{"timestamp_granularities[]": "syllable"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_timestamp_granularities"
+    # the raw-body form takes the fields in the query string, repeated as clients repeat them
+    r = httpx.post(f"{api.url}/v1/audio/transcriptions?response_format=verbose_json&timestamp_granularities[]=segment"
+                   "&timestamp_granularities[]=word", content=jfk, headers={"Content-Type": "audio/flac"}, timeout=300)
+    assert r.status_code == 200 and [_norm(w["word"]) for w in r.json()["words"]][:3] == ["and", "so", "my"]
+
+
+def test_an_engine_without_word_alignment_refuses_plainly(api, tmp_path):
+    """The remote engine (here in front of the first app, a real endpoint on loopback) gets no words from
+    endpoints: it says so instead of answering without them."""
+    front = launch(tmp_path, "--engine", "remote", "--remote-url", f"{api.url}/v1")
+    try:
+        jfk = (DATA / "jfk.flac").read_bytes()
+        r = httpx.post(f"{front.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", jfk, "audio/flac")},
+                       data={"response_format": "verbose_json", "timestamp_granularities[]": "word"}, timeout=300)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "word_timestamps_unsupported" and "remote engine cannot give word timestamps" in \
+            err["message"]
+        r = httpx.post(f"{front.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", jfk, "audio/flac")},
+                       data={"response_format": "verbose_json"}, timeout=300)
+        assert r.status_code == 200 and "ask not what your country" in r.json()["text"].lower()
+    finally:
+        stop(front)
