@@ -98,6 +98,7 @@ def replica_app(settings: Settings) -> Any:
 
     @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:
+        import ray
         from ray import serve
 
         ready = service.ready and service.engine.ready
@@ -105,6 +106,7 @@ def replica_app(settings: Settings) -> Any:
         body: dict[str, Any] = {
             "status": "ok" if ready else "starting", "ready": ready, "pid": os.getpid(),
             "replica": serve.get_replica_context().replica_id.unique_id,
+            "node_ip": ray.util.get_node_ip_address(),
             **service.engine.describe(),
             "queue": {"files": worker.pending_files, "done": worker.stats.files,
                       "engine_latency_s": round(worker.stats.engine_latency, 4)} if worker else {},
