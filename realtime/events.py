@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .engines.types import Word
+
 
 def _span(segment: int, start: float, audio_end: float) -> dict[str, Any]:
     """Where a segment's event lies, as every segment event's dict carries it."""
@@ -73,10 +75,17 @@ class FinalEvent:
     audio_end: float
     text: str
     latency: float
+    language: str | None = None
+    """The language the engine heard (detected, or the one the session asked for), when it says."""
+    words: tuple[Word, ...] = ()
+    """The text's words with their times in stream seconds, when the session asked for word timestamps."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"type": self.type, "text": self.text, "latency": round(self.latency, 3),
-                **_span(self.segment, self.start, self.audio_end)}
+                **_span(self.segment, self.start, self.audio_end),
+                **({"language": self.language} if self.language else {}),
+                **({"words": [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+                              for w in self.words]} if self.words else {})}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ if speech resumes first the job is withdrawn.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -200,10 +201,13 @@ class TranscriptionSession:
             self.transcript.add(Entry(segment, start, end, str(exc), kind="error", latency=latency))
             self._emit(ErrorEvent(segment, start, end, str(exc)))
             return
-        text = future.result().text
+        result = future.result()
+        text, language = result.text, result.language
+        words = tuple(dataclasses.replace(w, start=end_event.audio_start + w.start, end=end_event.audio_start + w.end)
+                      for w in result.words)  # in stream time (asked for with `options.word_timestamps`)
         self.last_latency = latency
-        self.transcript.add(Entry(segment, start, end, text, latency=latency))
-        self._emit(FinalEvent(segment, start, end, text, latency))
+        self.transcript.add(Entry(segment, start, end, text, latency=latency, language=language, words=words))
+        self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words))
 
     def _emit(self, event: Event) -> None:
         try:

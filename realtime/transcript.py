@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .engines.types import Word
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -18,6 +20,10 @@ class Entry:
     text: str
     kind: Literal["final", "error"] = "final"
     latency: float | None = None
+    language: str | None = None
+    """The language the engine heard in it, when it says."""
+    words: tuple[Word, ...] = ()
+    """Its words with their times (same clock as `start`), when word timestamps were asked for."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,9 @@ def to_json(entries: Iterable[Entry], **extra: Any) -> str:
         "segments": [
             {"id": e.segment, "start": round(e.start, 3), "end": round(e.end, 3), "text": e.text}
             | ({"error": True} if e.kind == "error" else {})
+            | ({"language": e.language} if e.language else {})
+            | ({"words": [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
+                          for w in e.words]} if e.words else {})
             for e in items
         ],
     }

