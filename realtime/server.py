@@ -43,7 +43,7 @@ from .service import TranscriptionService
 from .shutdown import GRACEFUL_HTTP_S, Drain, GracefulServer
 from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
 from .turn import Turn, TurnError
-from .ui import build_page
+from .ui import PageTranscripts, build_page
 
 log = logging.getLogger("realtime")
 
@@ -78,7 +78,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         use_loopback_only()
     service = service or TranscriptionService(settings)
     turn = Turn(settings)
-    page, webrtc = build_page(service, turn)
+    transcripts = PageTranscripts(service)
+    page, webrtc = build_page(service, turn, transcripts)
     limits = SessionLimits(settings, service, webrtc)
     metrics = Metrics(service)
     metrics.attach()
@@ -152,7 +153,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
             return _unauthorized()
         if ext not in _FORMATS:
             return _error(404, f"unknown format .{ext}; use txt, srt, vtt or json", "unknown_format")
-        snapshot = service.snapshot(webrtc_id)
+        snapshot = transcripts.snapshot(webrtc_id)  # after the page's earlier sessions that it carries on from
         if snapshot is None:
             return _error(404, f"no transcript for session {webrtc_id}", "unknown_session")
         media, render = _FORMATS[ext]

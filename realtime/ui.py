@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import html
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -219,8 +220,74 @@ def render_notice(text: str | None) -> str:
     return f'<div class="rt-notice" role="alert">{html.escape(text)}</div>' if text else ""
 
 
-def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple[gr.Blocks, WebRTC]:
+class PageTranscripts:
+    """What the page shows of a live session: its transcript joined after those of the earlier sessions of the same
+    page that it carries on from (the user started again after a stop or a dropped connection; Clear starts
+    afresh), later sessions' times shifted to follow on, and the language each final event reported per line.
+    The page renders it and the `/transcript/{id}.{ext}` downloads read it."""
+
+    def __init__(self, service: TranscriptionService) -> None:
+        self.service = service
+        self.earlier: dict[str, tuple[str, ...]] = {}
+        self.languages: dict[str, dict[int, str]] = {}
+
+    def _prune(self) -> None:
+        for table in (self.earlier, self.languages):
+            for sid in [sid for sid in table if self.service.snapshot(sid) is None]:
+                del table[sid]
+
+    def carry_on(self, previous: str | None, session_id: str) -> None:
+        """`session_id` continues the page's transcript that `previous` (its last session, if any) held."""
+        if not previous or previous == session_id or session_id in self.earlier:
+            return
+        if self.service.snapshot(previous) is None:
+            return
+        self._prune()
+        self.earlier[session_id] = (*self.earlier.get(previous, ()), previous)
+
+    def note(self, session_id: str, event: dict[str, Any]) -> None:
+        if event.get("type") == "final" and event.get("language"):
+            self.languages.setdefault(session_id, {})[int(event["segment"])] = str(event["language"])
+
+    def forget(self, session_id: str) -> None:
+        self.earlier.pop(session_id, None)
+        self.languages.pop(session_id, None)
+
+    def joined(self, session_id: str) -> tuple[TranscriptSnapshot, dict[int, str]] | None:
+        """The joined snapshot and the language by (joined) segment number, or None for an unknown session."""
+        current = self.service.snapshot(session_id)
+        if current is None:
+            return None
+        parts = [(sid, snap) for sid in self.earlier.get(session_id, ())
+                 if (snap := self.service.snapshot(sid)) is not None]
+        if not parts:
+            return current, dict(self.languages.get(session_id, {}))
+        entries: list[Entry] = []
+        languages: dict[int, str] = {}
+        offset = 0.0
+        partial = None
+        for sid, snap in [*parts, (session_id, current)]:
+            own = self.languages.get(sid, {})
+            for e in snap.entries:
+                if e.segment in own:
+                    languages[len(entries)] = own[e.segment]
+                entries.append(dataclasses.replace(e, segment=len(entries), start=round(e.start + offset, 3),
+                                                   end=round(e.end + offset, 3)))
+            if snap is current and current.partial is not None:
+                p = current.partial
+                partial = dataclasses.replace(p, segment=len(entries), start=p.start + offset, end=p.end + offset)
+            offset = entries[-1].end if entries else offset
+        return TranscriptSnapshot(tuple(entries), partial), languages
+
+    def snapshot(self, session_id: str) -> TranscriptSnapshot | None:
+        joined = self.joined(session_id)
+        return joined[0] if joined else None
+
+
+def build_page(service: TranscriptionService, turn: Turn | None = None,
+               transcripts: PageTranscripts | None = None) -> tuple[gr.Blocks, WebRTC]:
     settings = service.settings
+    transcripts = transcripts or PageTranscripts(service)
     turn = turn or Turn(settings)
     rtc = {"iceServers": turn.stun}  # per connection, turn.attach() hands out fresh TURN credentials
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -259,7 +326,6 @@ def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple
                 file_text = gr.HTML(render_file_text([], {}), elem_id="rt-file-text")
                 file_downloads = gr.HTML("", elem_id="rt-file-downloads")
         session_state = gr.State(None)
-        languages: dict[str, dict[int, str]] = {}  # session -> segment -> language, from its final events
 
         audio.stream(
             TranscriptionHandler(service),
@@ -270,15 +336,16 @@ def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple
         )
         turn.attach(audio)
 
-        def on_output(event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
-            if event.get("type") == "final" and event.get("language"):
-                for sid in [sid for sid in languages if service.snapshot(sid) is None]:
-                    del languages[sid]
-                languages.setdefault(session_id, {})[int(event["segment"])] = str(event["language"])
-            page_html = render_transcript(service.snapshot(session_id), languages.get(session_id))
+        def on_output(previous: str | None, event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
+            transcripts.carry_on(previous, session_id)
+            transcripts.note(session_id, event)
+            joined = transcripts.joined(session_id)
+            page_html = render_transcript(*joined) if joined else render_transcript(None)
             return page_html, render_status(service, session_id, event), session_id, ""
 
-        audio.on_additional_outputs(on_output, outputs=[transcript, status, session_state, notice],
+        # session_state is read when a stream starts: the page's last session, which a new one carries on from
+        audio.on_additional_outputs(on_output, inputs=[session_state],
+                                    outputs=[transcript, status, session_state, notice],
                                     concurrency_limit=None, queue=True)
 
         async def on_upload(path: str | None) -> AsyncIterator[tuple[str, str, str]]:
@@ -310,7 +377,7 @@ def build_page(service: TranscriptionService, turn: Turn | None = None) -> tuple
         def on_clear(session_id: str | None) -> tuple[str, str]:
             if session_id:
                 service.clear(session_id)
-                languages.pop(session_id, None)
+                transcripts.forget(session_id)
             return render_transcript(None), render_status(service, session_id, None)
 
         clear.click(on_clear, inputs=[session_state], outputs=[transcript, status], queue=False)

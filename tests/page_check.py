@@ -4,6 +4,7 @@ Run by tests/test_page.py inside a loopback-only network namespace:
     unshare --net bash -c 'ip link set lo up && exec python tests/page_check.py --mic W --upload F --out O --shots D'
 One app (`python app.py --ice-loopback`, conftest.launch), one browser whose fake microphone loops `--mic`:
 - `live`: the live view transcribes the microphone; lines, downloads (fetched from the page), the copy button;
+  then stop and start again: does the transcript carry on;
 - `captions`: `?view=captions` while it transcribes: which lines are visible and how large;
 - `file`: the file tab reached with the keyboard, `--upload` picked, progress and text polled until done;
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
@@ -91,6 +92,19 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     r["shown_at_copy"] = shown
     r["said"] = page.evaluate("() => document.getElementById('rt-say')?.textContent ?? ''")
     page.screenshot(path=str(shots / "page-live.png"))
+    # stop, then start again: the page carries on in the same transcript, and so do its downloads
+    button = page.locator('#rt-webrtc button[aria-label="start stream"]')  # the audio component's one toggle
+    button.click(timeout=10_000)
+    page.wait_for_function("""() => /record/i.test(document.querySelector(
+        '#rt-webrtc button[aria-label="start stream"]').textContent)""", timeout=10_000)
+    page.wait_for_timeout(1500)
+    r["restart_before"] = finals(page)
+    button.click(timeout=10_000)
+    r["restart_after"] = wait_finals(page, len(r["restart_before"]) + 1, 90)
+    page.wait_for_timeout(300)
+    r["restart_lines"] = page.evaluate(LINES, "#rt-transcript")
+    r["restart_downloads"] = page.evaluate(FETCH, page.evaluate(LINKS, "#rt-status"))
+    r["restart_links"] = page.evaluate(LINKS, "#rt-status")
     page.close()
     return r
 
