@@ -8,7 +8,8 @@ This module owns the HTTP transcription routes served next to the page (same pro
   (`Content-Type: audio/*` or `application/octet-stream`, fields in the query string). Fields `model`,
   `language`, `prompt`, `temperature`, `response_format` (`json`, `text`, `verbose_json`, `srt`, `vtt`),
   `timestamp_granularities[]` (`segment`, `word`: `verbose_json` then has OpenAI's `words`, on engines that
-  declare word timestamps) and `stream` (`true`: Server-Sent Events `transcript.text.delta` /
+  declare word timestamps), `max_line_chars` (srt/vtt cues cut at word times to at most that many characters;
+  our extension) and `stream` (`true`: Server-Sent Events `transcript.text.delta` /
   `transcript.text.done`, as OpenAI sends them). `verbose_json` gives each segment the language detected in
   it (`language`); a language the model does not speak (any but English on an English-only model) is refused.
 - `GET /v1/models`: the model served.
@@ -67,6 +68,7 @@ NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "ap
 _LANGUAGE = re.compile(r"^[a-z]{2,3}$")
 _SUFFIX = re.compile(r"^\.[a-z0-9]{1,5}$")
 MAX_PROMPT_CHARS = 4000
+MIN_LINE_CHARS, MAX_LINE_CHARS = 10, 200
 
 
 class APIError(Exception):
@@ -99,6 +101,8 @@ class Params:
     model: str | None
     words: bool = False
     """`timestamp_granularities[]` has `word`: verbose_json carries each word's times."""
+    max_line_chars: int | None = None
+    """srt/vtt cues cut at word boundaries to at most this many characters (from word times)."""
 
 
 def _unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
@@ -159,19 +163,40 @@ def _parse_params(fields: dict[str, str]) -> Params:
     model = (fields.get("model") or "").strip() or None
     if model is not None and len(model) > 256:
         raise APIError(422, "model name too long", "invalid_model")
-    return Params(fmt_, stream, language, prompt, temperature, model, words="word" in granularities)
+    max_line: int | None = None
+    raw_line = (fields.get("max_line_chars") or "").strip()
+    if raw_line:
+        if not raw_line.isdigit() or not MIN_LINE_CHARS <= int(raw_line) <= MAX_LINE_CHARS:
+            raise APIError(422, f"max_line_chars must be a whole number from {MIN_LINE_CHARS} to {MAX_LINE_CHARS} "
+                                f"(got {raw_line!r})", "invalid_max_line_chars")
+        if fmt_ not in ("srt", "vtt"):
+            raise APIError(422, "max_line_chars works with response_format srt or vtt", "invalid_max_line_chars")
+        max_line = int(raw_line)
+    return Params(fmt_, stream, language, prompt, temperature, model,
+                  words="word" in granularities or max_line is not None, max_line_chars=max_line)
 
 
-def _file_words(end: SegmentEnd, result: Transcription) -> list[Word]:
-    """A result's words in the file's time, in OpenAI's spelling (no leading space)."""
+def _file_words(end: SegmentEnd, words: tuple[Word, ...]) -> tuple[Word, ...]:
+    """Words of a segment's or window's result in the file's time."""
     out = []
-    for w in result.words:
+    for w in words:
         if isinstance(end, Window):
             start, stop = end.stream_time(w.start), end.stream_time(w.end, end=True)
         else:
             start, stop = end.audio_start + w.start, end.audio_start + w.end
-        out.append(Word(round(start, 3), round(max(stop, start), 3), w.word.strip(), w.probability))
-    return out
+        out.append(Word(round(start, 3), round(max(stop, start), 3), w.word, w.probability))
+    return tuple(out)
+
+
+def _with_words(end: SegmentEnd, result: Transcription, entries: list[Entry]) -> list[Entry]:
+    """The entries of a result with its language and their words in the file's time (an entry per timed piece,
+    or one for the whole result: `timed_entries`)."""
+    pieces = [s for s in result.segments if s.text] if result.text else []
+    groups = [p.words for p in pieces] if len(pieces) == len(entries) else [result.words] * (len(entries) == 1)
+    if len(groups) != len(entries):
+        return [dataclasses.replace(e, language=result.language) for e in entries]
+    return [dataclasses.replace(e, language=result.language, words=_file_words(end, g))
+            for e, g in zip(entries, groups, strict=True)]
 
 
 def _check_audio(path: Path, declared: str) -> None:
@@ -239,8 +264,8 @@ def create_router(service: TranscriptionService) -> APIRouter:
                            "unsupported_language")
         if params.words and not engine.word_timestamps:
             raise APIError(400, f"the {engine.name} engine cannot give word timestamps (Whisper's word alignment "
-                                "needs the model's cross-attention, which it does not return); ask for "
-                                "timestamp_granularities[]=segment, or run the embedded engine",
+                                "needs the model's cross-attention, which it does not return); leave out "
+                                "timestamp_granularities[]=word and max_line_chars, or run the embedded engine",
                            "word_timestamps_unsupported")
 
     async def limited(request: Request) -> AsyncIterator[bytes]:
@@ -332,8 +357,8 @@ def create_router(service: TranscriptionService) -> APIRouter:
         try:
             async for end, result, found in results(path, options, segments):
                 language = language or result.language
-                words += [{"word": w.word, "start": w.start, "end": w.end} for w in _file_words(end, result)]
-                for entry in found:
+                for entry in _with_words(end, result, found):
+                    words += [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in entry.words]
                     if not entry.text:
                         continue
                     entries.append(entry)
@@ -355,9 +380,9 @@ def create_router(service: TranscriptionService) -> APIRouter:
         if params.response_format == "text":
             return PlainTextResponse(text + "\n")
         if params.response_format == "srt":
-            return PlainTextResponse(fmt.to_srt(entries))
+            return PlainTextResponse(fmt.to_srt(entries, params.max_line_chars))
         if params.response_format == "vtt":
-            return PlainTextResponse(fmt.to_vtt(entries), media_type="text/vtt")
+            return PlainTextResponse(fmt.to_vtt(entries, params.max_line_chars), media_type="text/vtt")
         return JSONResponse({"task": task, "language": language or "en", "duration": round(segments.duration, 3),
                              "text": text, "segments": verbose, **({"words": words} if params.words else {}),
                              "usage": usage})

@@ -80,16 +80,39 @@ def to_text(entries: Iterable[Entry]) -> str:
     return "\n".join(e.text for e in _texts(entries))
 
 
-def to_srt(entries: Iterable[Entry]) -> str:
+def cues(entries: Iterable[Entry], max_chars: int | None = None) -> list[Entry]:
+    """The entries with text, each cut at word boundaries into cues of at most `max_chars` characters where it
+    has word times (a cue spans its words; a single longer word is a cue of its own); without, entries stay whole."""
+    out: list[Entry] = []
+    for e in _texts(entries):
+        if not max_chars or not e.words or len(e.text) <= max_chars:
+            out.append(e)
+            continue
+        line: list[Word] = []
+        for w in (*e.words, None):
+            joined = "".join(x.word for x in (*line, *([w] if w else []))).strip()
+            if line and (w is None or len(joined) > max_chars):
+                out.append(Entry(e.segment, line[0].start, line[-1].end, "".join(x.word for x in line).strip(),
+                                 latency=e.latency, language=e.language, words=tuple(line)))
+                line = []
+            if w is not None:
+                line.append(w)
+    return out
+
+
+def to_srt(entries: Iterable[Entry], max_chars: int | None = None) -> str:
+    """SubRip; with `max_chars`, entries with word times are cut into cues of at most that many characters."""
     blocks = [
         f"{i}\n{_timestamp(e.start, ',')} --> {_timestamp(e.end, ',')}\n{e.text}\n"
-        for i, e in enumerate(_texts(entries), 1)
+        for i, e in enumerate(cues(entries, max_chars), 1)
     ]
     return "\n".join(blocks)
 
 
-def to_vtt(entries: Iterable[Entry]) -> str:
-    blocks = [f"{_timestamp(e.start, '.')} --> {_timestamp(e.end, '.')}\n{e.text}\n" for e in _texts(entries)]
+def to_vtt(entries: Iterable[Entry], max_chars: int | None = None) -> str:
+    """WebVTT; `max_chars` as for `to_srt`."""
+    blocks = [f"{_timestamp(e.start, '.')} --> {_timestamp(e.end, '.')}\n{e.text}\n"
+              for e in cues(entries, max_chars)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 

@@ -131,3 +131,27 @@ def test_an_english_only_model_refuses_other_languages(api):
     r = httpx.post(f"{api.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", jfk, "audio/flac")},
                    data={"language": "en", "response_format": "verbose_json"}, timeout=300)
     assert r.status_code == 200 and {s["language"] for s in r.json()["segments"]} == {"en"}
+
+
+def test_subtitles_are_cut_at_word_times_to_a_line_length(api):
+    """`max_line_chars` cuts srt and vtt cues at word boundaries, each cue timed by its words."""
+    clip = (DATA / "jfk.flac").read_bytes()
+
+    def cues(fmt: str, **fields: str) -> list[tuple[str, str]]:
+        r = httpx.post(f"{api.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", clip, "audio/flac")},
+                       data={"response_format": fmt, **fields}, timeout=300)
+        assert r.status_code == 200, r.text
+        blocks = [b.splitlines() for b in r.text.split("\n\n") if "-->" in b]
+        return [(next(line for line in b if "-->" in line), b[-1]) for b in blocks]
+
+    whole, cut = cues("srt"), cues("srt", max_line_chars="32")
+    assert len(cut) > len(whole) and max(len(t) for _, t in whole) > 32
+    assert all(len(t) <= 32 or " " not in t for _, t in cut), cut
+    assert " ".join(t for _, t in cut).split() == " ".join(t for _, t in whole).split()
+    starts = [c.split(" --> ")[0] for c, _ in cut]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    vtt = cues("vtt", max_line_chars="32")
+    assert [t for _, t in vtt] == [t for _, t in cut]
+    r = httpx.post(f"{api.url}/v1/audio/transcriptions", files={"file": ("jfk.flac", clip, "audio/flac")},
+                   data={"response_format": "json", "max_line_chars": "32"}, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_max_line_chars"
