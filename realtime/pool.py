@@ -140,6 +140,26 @@ def build_application(settings: Settings, scaling: Scaling, replica_cpus: float 
     return deployment.bind()
 
 
+def app(args: dict[str, str]) -> Any:
+    """An application builder for Serve configs (`serve run realtime.pool:app replicas=2`, KubeRay's
+    serveConfigV2 `import_path: realtime.pool:app`): `replicas` or `autoscale` (MIN:MAX),
+    `target_ongoing_requests`, `replica_cpus`, `replica_gpus`, `max_ongoing_requests`, and any Settings field
+    (`model`, `engine`, `cpu_threads`, ...)."""
+    args = {k.replace("-", "_"): str(v) for k, v in args.items()}
+    lo, hi = parse_autoscale(args.pop("autoscale")) if "autoscale" in args else (int(args.pop("replicas", "1")),) * 2
+    scaling = Scaling(lo, hi, target_ongoing_requests=float(args.pop("target_ongoing_requests", "2")))
+    cpus, gpus = args.pop("replica_cpus", None), args.pop("replica_gpus", None)
+    ongoing = args.pop("max_ongoing_requests", None)
+    unknown = set(args) - set(Settings.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"unknown pool arguments: {', '.join(sorted(unknown))}")
+    settings = from_namespace(argparse.Namespace(**args))
+    return build_application(
+        settings, scaling, replica_cpus=float(cpus) if cpus else float(settings.cpu_threads or 1),
+        replica_gpus=float(gpus) if gpus else (1.0 if settings.engine == "vllm" else 0.0),
+        max_ongoing_requests=int(ongoing) if ongoing else None)
+
+
 def start_ray(address: str | None, num_cpus: float | None, num_gpus: int | None) -> None:
     """Join the cluster at `address`, or start a local one on loopback (no dashboard, no usage statistics)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -147,6 +167,8 @@ def start_ray(address: str | None, num_cpus: float | None, num_gpus: int | None)
         # ray.init and `ray start` turn a node address of 127.0.0.1 into the machine's own address; a
         # single-machine cluster (this variable off) keeps every Ray process on loopback
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # Ray runs its workers at nice 15: replicas are the service here, not background tasks
+        os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     env = {"env_vars": {"PYTHONPATH": str(ROOT)}}
@@ -230,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         what = f"{lo}-{hi} replicas, autoscaled" if scaling.autoscaled else f"{lo} replicas"
         print(f"pool ready: http://{args.http_host}:{args.port}/v1/audio/transcriptions ({what}, engine "
               f"{settings.engine})", flush=True)
-        stopping.wait()
+        started, last = time.monotonic(), -1
+        while not stopping.wait(1.0):
+            with contextlib.suppress(Exception):  # the controller may be busy; ask again next second
+                n = replica_count()
+                if n != last:
+                    print(f"replicas: {n} at {time.monotonic() - started:.1f} s", flush=True)
+                    last = n
     finally:
         import ray
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,8 @@ from conftest import ROOT, SPACE_VARIABLES, App, free_port, gone, launch, stop
 from real_speech import clips, compilation, corpus_wer
 
 REPLICAS = 2
+MAX_REPLICAS = 3
+"""The shared pool autoscales between these: the other tests' load stays under one more replica's threshold."""
 
 
 @dataclass
@@ -42,6 +46,11 @@ class Pool:
     @property
     def route(self) -> str:
         return f"{self.url}/v1/audio/transcriptions"
+
+    def counts(self) -> list[tuple[int, float]]:
+        """(running replicas, seconds since the pool started) each time the count changed, from the pool's log."""
+        return [(int(n), float(t)) for n, t in re.findall(r"^replicas: (\d+) at ([\d.]+) s$",
+                                                          self.log.read_text(errors="replace"), re.M)]
 
     def health(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/health", timeout=10).json()
@@ -70,8 +79,9 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     port = free_port()
     log = tmp_path_factory.mktemp("pool") / "pool.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime", "pool", "--replicas", str(REPLICAS), "--cpu-threads", "1", "--port",
-         str(port)], cwd=ROOT, env=_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        [sys.executable, "-m", "realtime", "pool", "--autoscale", f"{REPLICAS}:{MAX_REPLICAS}",
+         "--target-ongoing-requests", "3", "--cpu-threads", "1", "--port", str(port)],
+        cwd=ROOT, env=_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     p = Pool(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 240
     while "pool ready" not in log.read_text(errors="replace"):
@@ -98,12 +108,25 @@ def front(pool: Pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]
 
 @pytest.fixture(scope="module")
 def live_speech(tmp_path_factory: pytest.TempPathFactory) -> Compilation:
-    chosen = [c for c in clips({"read"}, longest=12)][:4]
+    chosen = [c for c in clips({"read"}, longest=9)][:3]
     return compilation(chosen, tmp_path_factory.mktemp("pool-live") / "live.wav", gap=1.5)
 
 
 def _post(url: str, path: Path, **fields: str) -> httpx.Response:
     return httpx.post(url, files={"file": (path.name, path.read_bytes())}, data=fields, timeout=120)
+
+
+def test_serve_config_builder_takes_the_commands_options():
+    from realtime.pool import app
+
+    fixed = app({"replicas": "3", "cpu_threads": "1"})._bound_deployment
+    assert fixed.num_replicas == 3 and fixed.ray_actor_options["num_cpus"] == 1.0
+    scaled = app({"autoscale": "1:4", "target_ongoing_requests": "5", "engine": "vllm"})._bound_deployment
+    config = scaled._deployment_config.autoscaling_config
+    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 4, 5.0)
+    assert scaled.ray_actor_options["num_gpus"] == 1.0, "a vLLM replica holds a GPU"
+    with pytest.raises(ValueError, match="unknown pool arguments: nonsense"):
+        app({"replicas": "2", "nonsense": "1"})
 
 
 def test_pool_runs_on_loopback_with_two_replicas(pool: Pool):
@@ -132,7 +155,7 @@ def _loopback(addr: str) -> bool:
 
 
 def test_api_through_the_pool_matches_the_embedded_engine(pool: Pool, engine):
-    chosen = clips(longest=15)[::2]
+    chosen = clips(longest=15)
     # several uploads at once, so both replicas take requests and each one's worker batches them
     t0 = time.monotonic()
     with ThreadPoolExecutor(4) as ex:
@@ -218,6 +241,7 @@ def test_a_replica_killed_mid_stream_is_replaced_and_no_final_is_lost(pool: Pool
 
     result = asyncio.run(stream_file(front.url, live_speech.path, ice_loopback=True, on_event=on_event))
     assert killed, "no segment closed"
+    print("\nfront end's view of the pool:", front.health()["endpoints"])
     text = _check_live(live_speech, result.events)
     assert result.summary["segments"] == result.summary["finals"], "a final was lost"
     assert corpus_wer([" ".join(c.text for c in live_speech.clips)], [text]) <= 0.2
@@ -230,3 +254,38 @@ def test_a_replica_killed_mid_stream_is_replaced_and_no_final_is_lost(pool: Pool
             break
         time.sleep(0.5)
     assert victim not in after and len(after) == REPLICAS, f"Serve did not replace the replica: {sorted(after)}"
+
+
+def test_load_scales_the_pool_up_and_back_down(pool: Pool):
+    deadline = time.monotonic() + 60
+    while pool.counts()[-1][0] != REPLICAS and time.monotonic() < deadline:  # a replaced replica still starting
+        time.sleep(0.5)
+    assert pool.counts()[-1][0] == REPLICAS
+    seen = len(pool.counts())
+    clip = next(c for c in clips() if c.name == "jfk.flac")
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            assert _post(pool.route, clip.path).status_code == 200
+
+    def wait_for(count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(n == count for n, _ in pool.counts()[seen:]):
+                return True
+            time.sleep(0.5)
+        return False
+
+    with ThreadPoolExecutor(12) as ex:
+        clients = [ex.submit(load) for _ in range(12)]
+        try:
+            scaled_up = wait_for(MAX_REPLICAS, 120)
+        finally:
+            stop.set()
+        for c in clients:
+            c.result()
+    assert scaled_up, f"no replica added under load: {pool.counts()}"
+    seen = len(pool.counts())
+    assert wait_for(REPLICAS, 120), f"the pool did not scale back down: {pool.counts()}"
+    print("\nreplicas over time (count, s since the pool started):", pool.counts())
