@@ -18,21 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from .audio import SAMPLE_RATE, iter_file
-from .engines import Engine, TranscribeOptions, Transcription
+from .engines import Engine, TimedText, TranscribeOptions, Transcription
+from .engines.policy import stopped_early
 from .transcript import Entry
 from .vad import SegmentEnd, Segmenter, VADConfig
 from .worker import Job, Worker
 
+log = logging.getLogger(__name__)
 _DONE = object()
 
 
@@ -241,11 +245,34 @@ async def transcribe_results(
                 n += len(batch)
                 results = await asyncio.gather(*futures, return_exceptions=True)
                 for end, result in zip(batch, results, strict=True):
+                    if isinstance(end, Window) and isinstance(result, Transcription) and not options.timestamps \
+                            and stopped_early(result.text, end.audio.size / SAMPLE_RATE, len(end.parts)):
+                        log.info("file window %d: %d characters for %.1f s in %d segments, decoding it again",
+                                 end.segment, len(result.text), end.audio.size / SAMPLE_RATE, len(end.parts))
+                        result = await _redecode(worker, name, end, options)
                     yield end, result
         finally:
             worker.cancel_session(name)
             segments.close()
             await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _redecode(worker: Worker, name: str, window: Window, options: TranscribeOptions
+                    ) -> Transcription | BaseException:
+    """A window whose decode stopped early, decoded again: with Whisper's timestamps, which carry the decode on
+    past an early end as long-form transcription does, or one packed segment at a time on an engine without."""
+    seconds = window.audio.size / SAMPLE_RATE
+    if worker.engine.timestamps:
+        jobs = [Job(name, window.segment, window.audio, "file", replace(options, timestamps=True))]
+    else:
+        bounds = [round(o * SAMPLE_RATE) for o, _ in window.parts] + [window.audio.size]
+        jobs = [Job(name, window.segment, window.audio[a:b], "file", options) for a, b in itertools.pairwise(bounds)]
+    results = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
+    done = [r for r in results if isinstance(r, Transcription)]
+    if len(done) < len(results):
+        return next(r for r in results if isinstance(r, BaseException))
+    text = " ".join(r.text.strip() for r in done if r.text.strip())
+    return replace(done[0], text=text, duration=seconds, segments=(TimedText(0.0, seconds, text),) if text else ())
 
 
 async def stream_text(worker: Worker, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
