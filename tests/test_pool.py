@@ -277,15 +277,18 @@ def test_load_scales_the_pool_up_and_back_down(pool: Pool):
             time.sleep(0.5)
         return False
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(12) as ex:
         clients = [ex.submit(load) for _ in range(12)]
         try:
             scaled_up = wait_for(MAX_REPLICAS, 120)
+            up_s = time.monotonic() - t0
         finally:
             stop.set()
         for c in clients:
             c.result()
     assert scaled_up, f"no replica added under load: {pool.counts()}"
-    seen = len(pool.counts())
+    seen, t1 = len(pool.counts()), time.monotonic()
     assert wait_for(REPLICAS, 120), f"the pool did not scale back down: {pool.counts()}"
-    print("\nreplicas over time (count, s since the pool started):", pool.counts())
+    print(f"\nreplica added {up_s:.1f} s after the load started, removed {time.monotonic() - t1:.1f} s after it "
+          f"stopped; replicas over time (count, s since the pool started): {pool.counts()}")
