@@ -6,7 +6,8 @@ One app (`python app.py --ice-loopback`, conftest.launch), one browser whose fak
 - `live`: the live view transcribes the microphone; lines, downloads (fetched from the page), the copy button;
   then stop and start again: does the transcript carry on;
 - `captions`: `?view=captions` while it transcribes: which lines are visible and how large;
-- `file`: the file tab reached with the keyboard, `--upload` picked, progress and text polled until done;
+- `file`: the file tab and its drop zone reached with the keyboard, `--upload` given, progress and text
+  polled until done;
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
 - `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps.
 Every request any page makes is recorded.
@@ -131,8 +132,11 @@ def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     return r
 
 
-def file_tab(context: BrowserContext, app: App, upload: Path, shots: Path) -> dict[str, Any]:
+def file_tab(browser: Browser, app: App, upload: Path, requests: list[str], shots: Path) -> dict[str, Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.on("request", lambda q: requests.append(q.url))
     page = context.new_page()
+    page.on("websocket", lambda ws: requests.append(ws.url))
     page.goto(app.url, wait_until="load")
     page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone").wait_for(timeout=30_000)
     r: dict[str, Any] = {"tabs": 0}
@@ -145,13 +149,20 @@ def file_tab(context: BrowserContext, app: App, upload: Path, shots: Path) -> di
             r["tabs"] = presses
             break
     page.keyboard.press("Enter")
-    file_input = page.locator("#rt-file-input input[type=file]")
     try:
         page.locator("#rt-file-input").wait_for(state="visible", timeout=10_000)
         r["input_reached"] = True
     except PlaywrightError:
         r["input_reached"] = False
-    file_input.set_input_files(str(upload))
+    # on to the drop zone (a button that opens the file chooser) with Tab; the file is then given to its input
+    r["focus_path"] = []
+    for _ in range(20):
+        page.keyboard.press("Tab")
+        r["focus_path"].append(page.evaluate("() => document.activeElement.getAttribute('aria-label') || "
+                                             "document.activeElement.textContent.trim().slice(0, 30)"))
+        if page.evaluate("() => !!document.activeElement.closest('#rt-file-input')"):
+            break
+    page.locator("#rt-file-input input[type=file]").set_input_files(str(upload))
     states: list[dict[str, Any]] = []
     shot = False
     deadline = time.monotonic() + 180
@@ -172,7 +183,7 @@ def file_tab(context: BrowserContext, app: App, upload: Path, shots: Path) -> di
              lines=page.evaluate(LINES, "#rt-file-text"),
              downloads={ext: base64.b64decode(href.split(",", 1)[1]).decode() for ext, href in links.items()
                         if href.startswith("data:")}, link_schemes=[h.split(":", 1)[0] for h in links.values()])
-    page.close()
+    context.close()
     with upload.open("rb") as f:  # the same recording through the HTTP API, for comparison
         api = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": (upload.name, f)},
                          data={"response_format": "json"}, timeout=300)
@@ -224,6 +235,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shots", type=Path, required=True, help="folder for the README's screenshots")
     ap.add_argument("--artifacts", type=Path, required=True, help="folder for the other screenshots")
+    ap.add_argument("--only", nargs="*", help="run only these scenarios")
     a = ap.parse_args()
     results: dict[str, Any] = {"requests": [], "timings": {}}
     app = launch(a.out.parent)
@@ -239,10 +251,12 @@ def main() -> None:
             for name, run in (
                 ("live", lambda: live(context, app, a.shots)),
                 ("captions", lambda: captions(context, app, a.shots)),
-                ("file", lambda: file_tab(context, app, a.upload, a.shots)),
+                ("file", lambda: file_tab(browser, app, a.upload, results["requests"], a.shots)),
                 ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
                 ("drop", lambda: drop(context, app, a.artifacts)),
             ):
+                if a.only and name not in a.only:
+                    continue
                 t0 = time.monotonic()
                 try:
                     results[name] = run()

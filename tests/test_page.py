@@ -122,6 +122,7 @@ def test_file_tab_progress_text_and_downloads(run: tuple[Compilation, str, dict[
     _, reference, r = run
     f = _scenario(r, "file")
     assert f["tabs"] > 0 and f["input_reached"], "the File tab is not reachable with Tab and Enter"
+    assert f["focus_path"][-1:] == ["Click to upload or drop files"], f"Tab missed the drop zone: {f['focus_path']}"
     final = f["final"]
     assert final["state"] == "done" and final["done"] == final["total"] >= 2 and final["value"] == 1, final
     partway = [s for s in f["states"] if s["state"] == "running" and 0 < s["done"] and s["lines"]]
