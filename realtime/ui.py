@@ -211,8 +211,10 @@ async def transcribe_upload(service: TranscriptionService, path: str | None) -> 
         message = str(exc).replace(str(path), "the upload")
         yield render_progress(done, segments.cut, False, covered, duration, f"not decodable audio: {message}"), "", ""
         return
-    yield (render_progress(done, segments.cut, False, max(covered, duration or 0), duration),
-           render_file_text(entries, languages), render_downloads(entries, language))
+    text = (render_file_text(entries, languages) if entries
+            else '<div class="rt-empty">No speech was found in this recording.</div>')
+    yield (render_progress(done, segments.cut, False, max(covered, duration or 0), duration), text,
+           render_downloads(entries, language))
 
 
 def render_notice(text: str | None) -> str:
