@@ -1,15 +1,21 @@
 """Limits for a public demo: per-session time limit, idle and abandoned sessions reclaimed, with a message.
 
 fastrtc refuses a connection over `--concurrency-limit` itself (the page shows "Too many concurrent
-connections"). `SessionLimits` sweeps the live sessions once a second and ends:
+connections"). `SessionLimits` sweeps the live sessions every `TICK_S` and ends:
 - a session older than `--session-time-limit`;
 - a session with no speech for `--idle-timeout` seconds;
-- a session whose audio stopped arriving for `STALE_AUDIO_S` (a browser gone without hanging up).
+- a session whose audio stopped arriving (a client gone, or stuck, without hanging up) for `--idle-timeout`
+  seconds, or `STALE_AUDIO_S` without an idle timeout;
+- a WebRTC connection whose audio arrives faster than real time (more than `AHEAD_S` of audio beyond the
+  time it has been sending): a live stream cannot run ahead of the clock, and a client that floods the
+  server would lose audio to full socket buffers without anyone knowing. Files go to the HTTP API. (Realtime
+  API WebSocket sessions may send audio as fast as they like, as OpenAI's do: the rule skips them.)
 
-Ending one closes the session (its transcript stays downloadable) and tells the visitor why: a last
-`closed` event (shown in the page's status line and sent to `/transcript/{id}/events` clients), then a
-warning on the data channel and fastrtc's `update_connection` "closed" message, which makes the page stop
-its stream; the server hangs up shortly after in any case.
+Ending one keeps what was said: the session stops taking audio, its open segment is closed and every closed
+segment's final (or error) is delivered (at most `FINISH_S`), then the session is closed (its transcript stays
+downloadable) and the visitor is told why: a last `closed` event (shown in the page's status line and sent to
+`/transcript/{id}/events` clients), then a warning on the data channel and fastrtc's `update_connection`
+"closed" message, which makes the page stop its stream; the server hangs up shortly after in any case.
 """
 
 from __future__ import annotations
@@ -21,16 +27,22 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastrtc.utils import create_message
 
 from .config import Settings
 from .events import ClosedEvent
 from .service import TranscriptionService
+from .session import TranscriptionSession
 
 log = logging.getLogger(__name__)
 
-TICK_S = 1.0
+TICK_S = 0.25
 STALE_AUDIO_S = 30.0
+AHEAD_S = 5.0
+"""Audio a WebRTC client may have sent beyond real time (a start-up burst, jitter) before it is refused."""
+FINISH_S = 15.0
+"""Longest wait for an ending session's finals."""
 EVENT_GRACE_S = 1.0  # lets the closed event reach the page before the page is told to stop
 HANGUP_GRACE_S = 2.0  # then the server closes the peer connection if the client has not
 
@@ -96,14 +108,23 @@ class SessionLimits:
                 w.voice_at = now
             if sid in self._closing:
                 continue
-            if s.session_time_limit and now - session.started_at >= s.session_time_limit:
+            # measured from the session's start, which no real-time audio can precede: a server that stalled and
+            # then reads a backlog of frames at once does not look ahead of the clock
+            sending = now - session.started_at
+            ahead = session.stream_time - sending
+            stale = min(STALE_AUDIO_S, s.idle_timeout) if s.idle_timeout else STALE_AUDIO_S
+            if ahead > AHEAD_S and sid in self.webrtc.pcs:
+                self._end(sid, "too_fast", f"Audio arrived faster than real time ({session.stream_time:.0f} s of "
+                                           f"audio in {sending:.0f} s), so the session was closed: this "
+                                           "stream is for live audio. Send recordings to /v1/audio/transcriptions.")
+            elif now - w.audio_at >= stale:
+                self._end(sid, "no_audio", f"No audio arrived for {_minutes(stale)}; the session was closed.")
+            elif s.session_time_limit and now - session.started_at >= s.session_time_limit:
                 self._end(sid, "time_limit", f"This demo allows {_minutes(s.session_time_limit)} per session, "
                                              "so this one has ended. Press the microphone to start a new one.")
             elif s.idle_timeout and now - w.voice_at >= s.idle_timeout:
                 self._end(sid, "idle", f"Session closed after {_minutes(s.idle_timeout)} without speech, to free "
                                        "its place for others. Press the microphone to start again.")
-            elif now - w.audio_at >= STALE_AUDIO_S:
-                self._end(sid, "no_audio", f"No audio arrived for {STALE_AUDIO_S:g} s; the session was closed.")
         for sid in set(self._watch) - set(self.service.sessions):
             del self._watch[sid]
             self._closing.discard(sid)
@@ -119,8 +140,10 @@ class SessionLimits:
     async def _hang_up(self, sid: str, reason: str, message: str) -> None:
         session = self.service.sessions.get(sid)
         if session is not None:
-            session.on_event(ClosedEvent(reason, message))
-            self.service.close_session(sid)  # the transcript stops here (and stays downloadable)
+            await self._finish(session)
+            if self.service.sessions.get(sid) is session:  # not closed meanwhile (the client hung up)
+                session.on_event(ClosedEvent(reason, message))
+                self.service.close_session(sid)  # the transcript stops here (and stays downloadable)
         await asyncio.sleep(EVENT_GRACE_S)
         channel = self.webrtc.data_channels.get(sid)
         if channel is not None and getattr(channel, "readyState", "open") == "open":
@@ -130,3 +153,19 @@ class SessionLimits:
         pc = self.webrtc.pcs.get(sid)
         if pc is not None:
             await pc.close()
+
+    @staticmethod
+    async def _finish(session: TranscriptionSession) -> None:
+        """No more audio for the session; its open segment closes, and the finals of all its closed segments are
+        delivered (at most FINISH_S): what was said before the session ends stays in its transcript."""
+        session.feed = _no_more_audio  # type: ignore[method-assign]
+        session.flush()
+        deadline = time.monotonic() + FINISH_S
+        while session.pending_finals and not session.closed and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if session.pending_finals:
+            log.warning("session %s ends with %d finals not delivered", session.id, session.pending_finals)
+
+
+def _no_more_audio(audio: np.ndarray) -> None:
+    """The feed of a session that is ending: the audio that still arrives is not transcribed."""

@@ -8,23 +8,33 @@ clash. What is measured, and where:
   event to the segment's first partial, wall clock) histograms: from the events every live session emits,
   observed by wrapping the session's callback in `TranscriptionService.open_session`;
 - engine batch size and seconds per batch: the worker's `on_batch` hook;
+- real-time factor: the audio seconds of the jobs the engine completed, per lane (counted by wrapping the
+  worker's `submit`), beside the engine's busy seconds (the batch seconds' sum); `realtime_real_time_factor`
+  is their ratio since start (engine seconds per second of audio: under 1 keeps up), and
+  `rate(realtime_engine_batch_seconds_sum[5m]) / rate(realtime_audio_seconds_total[5m])` the recent one;
+- engine restarts: the vLLM engine's supervisor restarts its process and counts it (`restarts` in its
+  `describe()`, read at scrape time; 0 for engines that run no process of their own);
 - HTTP requests by route template, method and status, and upload bytes of the transcription API: a middleware.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .audio import SAMPLE_RATE
+from .engines import Transcription
 from .events import Event, FinalEvent, PartialEvent, SpeechStarted
 from .service import TranscriptionService
+from .worker import Job
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
@@ -60,6 +70,9 @@ class _ServiceCollector(Collector):
         yield GaugeMetricFamily("realtime_engine_latency_seconds",
                                 "moving average of the engine's seconds per job",
                                 value=stats.engine_latency if stats else 0.0)
+        restarts = service.engine.describe().get("restarts") or 0
+        yield CounterMetricFamily("realtime_engine_restarts", "engine process restarts (the vLLM engine's "
+                                  "supervisor; 0 for engines without a process of their own)", value=restarts)
 
 
 class Metrics:
@@ -83,6 +96,15 @@ class Metrics:
                                 ["route", "method", "status"], registry=r)
         self.upload_bytes = Counter("realtime_api_upload_bytes", "bytes uploaded to the transcription API",
                                     registry=r)
+        self.audio_seconds = Counter("realtime_audio_seconds", "seconds of audio in the jobs the engine completed, "
+                                     "per lane (a partial counts the segment's audio so far)", ["lane"], registry=r)
+        for lane in ("final", "partial", "file"):
+            self.audio_seconds.labels(lane)
+        self._busy_s = 0.0
+        self._audio_s = 0.0
+        Gauge("realtime_real_time_factor", "engine seconds per second of audio it transcribed, since start (below 1: "
+              "faster than real time)", registry=r).set_function(
+            lambda: self._busy_s / self._audio_s if self._audio_s else 0.0)
         r.register(_ServiceCollector(service))
         self._hooked_worker: Any = None
 
@@ -105,11 +127,27 @@ class Metrics:
         worker = self.service.worker
         if worker is not None and worker is not self._hooked_worker:
             worker.on_batch = self._on_batch
+            submit = worker.submit
+
+            def counted_submit(job: Job) -> asyncio.Future[Transcription]:
+                future = submit(job)
+                future.add_done_callback(lambda f: self._job_done(job, f))
+                return future
+
+            worker.submit = counted_submit  # type: ignore[method-assign]
             self._hooked_worker = worker
 
     def _on_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
+        self._busy_s += seconds
+
+    def _job_done(self, job: Job, future: asyncio.Future[Transcription]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        seconds = job.audio.size / SAMPLE_RATE
+        self.audio_seconds.labels(job.kind).inc(seconds)
+        self._audio_s += seconds
 
     def _observe(self, on_event: Callable[[Event], None]) -> Callable[[Event], None]:
         started: dict[int, float] = {}
@@ -127,6 +165,7 @@ class Metrics:
         return observed
 
     async def middleware(self, request: Request, call_next: Callable[[Request], Any]) -> Response:
+        self.hook_worker()  # the worker exists once the service started: API uploads count from the first one
         path = request.url.path
         if path.startswith(("/v1/audio/", "/api/v1/audio/")) and request.method == "POST":
             length = request.headers.get("content-length", "")

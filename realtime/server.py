@@ -30,6 +30,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.routing import Route
 
 from . import transcript as fmt
 from .access import allowed, session_token
@@ -71,6 +73,33 @@ def _unauthorized() -> JSONResponse:
                            "(?token=)", "invalid_api_key")
     response.headers["WWW-Authenticate"] = "Bearer"
     return response
+
+
+class _WrongMethod:
+    """An ASGI app for every method a path does not take: 405 in OpenAI's shape, with the methods it allows."""
+
+    def __init__(self, allow: str) -> None:
+        self.allow = allow
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = _error(405, f"{scope['method']} is not allowed on {scope['path']}; use {self.allow}",
+                          "method_not_allowed")
+        response.headers["Allow"] = self.allow
+        await response(scope, receive, send)
+
+
+def _refuse_other_methods(app: FastAPI, routes: list[Any]) -> None:
+    """A method that a route does not take (any: TRACE, QUERY, ...) would fall through to the page's catch-all mount,
+    a 404 in FastAPI's shape: a route after the real ones answers it with 405 instead. (The API's own `refuse`
+    routes answer the common wrong methods of its paths: they are not what a path allows.)"""
+    allowed: dict[str, set[str]] = {}
+    for route in routes:  # the app's own and its routers' (included routers are not in app.routes one by one)
+        if isinstance(route, APIRoute):
+            methods = allowed.setdefault(route.path, set())
+            if getattr(route.endpoint, "__name__", "") != "refuse":
+                methods.update(route.methods)
+    for path, methods in allowed.items():
+        app.router.routes.append(Route(path, _WrongMethod(", ".join(sorted(methods))), include_in_schema=False))
 
 
 def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
@@ -190,8 +219,10 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         return Response(body, status_code=response.status_code, headers=headers)
 
     app.middleware("http")(metrics.middleware)
-    app.include_router(create_router(service))
-    app.include_router(create_realtime_router(service))
+    routers = [create_router(service), create_realtime_router(service)]
+    for router in routers:
+        app.include_router(router)
+    _refuse_other_methods(app, [*app.routes, *(r for router in routers for r in router.routes)])
     app.state.drain = drain
     # the page's file tab uploads through Gradio: the same size cap as the HTTP API
     app = gr.mount_gradio_app(app, page, path="", show_api=False,

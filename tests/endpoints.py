@@ -9,7 +9,12 @@ behaviour from `script` (else `default`; clips shorter than `script_min_seconds`
     429:S         429 with Retry-After: S
     slow:S        the ok reply, S seconds late
     drop          the connection is closed without a reply
+    drop-mid      200 with its headers and part of the body, then the connection is closed (a reply cut short)
+    trickle:S     the ok reply a byte every S seconds (each read is quick, the whole reply is late)
     badjson       200 with a body that is not JSON
+    garbage       200 `application/json` with a body of random bytes
+    html          200 with an HTML page (a proxy's or a captive portal's), not the transcription
+    wrongjson     200 with JSON in another shape (no `text`)
     sse-vllm      vLLM's streamed chunks (choices[].delta.content, then [DONE])
     sse-openai    OpenAI's transcript.text.delta / transcript.text.done events
     sse-drop      two vLLM chunks, then the connection is closed
@@ -169,10 +174,40 @@ class FakeEndpoint:
         elif name == "drop":
             h.close_connection = True
             h.connection.shutdown(socket.SHUT_RDWR)
-        elif name == "badjson":
-            data = b'{"text": "segment'
+        elif name == "drop-mid":
+            data = json.dumps({"text": f"segment {entry['segment']}"}).encode()
+            h.close_connection = True
             h.send_response(200)
             h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            h.connection.shutdown(socket.SHUT_RDWR)
+        elif name == "trickle":
+            data = json.dumps({"text": f"segment {entry['segment']}"}).encode()
+            h.close_connection = True
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.flush()
+            try:
+                for i in range(len(data)):
+                    h.wfile.write(data[i : i + 1])
+                    h.wfile.flush()
+                    time.sleep(float(arg))
+            except OSError:
+                pass  # the client gave up
+        elif name in ("badjson", "garbage", "html", "wrongjson"):
+            data, ctype = {
+                "badjson": (b'{"text": "segment', "application/json"),
+                "garbage": (hashlib.sha256(body).digest() * 8, "application/json"),
+                "html": (b"<html><body><h1>Sign in to continue</h1></body></html>", "text/html"),
+                "wrongjson": (json.dumps({"result": {"text": 5}}).encode(), "application/json"),
+            }[name]
+            h.send_response(200)
+            h.send_header("Content-Type", ctype)
             h.send_header("Content-Length", str(len(data)))
             h.end_headers()
             h.wfile.write(data)

@@ -47,3 +47,23 @@ def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
     assert row["first_partial_p50"] > 0 and row["wer"] <= 0.3
     assert doc["idle"]["idle_session_core_pct"] >= 0
     assert (tmp_path / "bench-stream.png").stat().st_size > 1000
+
+
+def test_bench_soak_samples_memory_fds_and_latency(tmp_path):
+    """A short soak (the CI version of the hour-long one): 2 clients, 1 minute, real speech from tests/data."""
+    out = bench("soak", "--minutes", "1", "--clients", "2", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "bench-soak.json").read_text())
+    s = doc["summary"]
+    assert doc["clients"] == 2 and doc["minutes"] == 1 and "real utterances" in doc["input"]
+    assert s["lost_segments"] == 0 and s["failed_rounds"] == 0 and s["errors"] == 0, s
+    assert s["rounds"] >= 2 and s["finals"] >= 10 and s["wer"] <= 0.3
+    assert len(doc["samples"]) >= 8 and all({"minute", "rss_mb", "fds", "final_p95", "load"} <= set(x)
+                                             for x in doc["samples"])
+    assert 100 < s["rss_after_warmup_mb"] and s["rss_end_mb"] and s["rss_growth_after_warmup_pct"] is not None
+    assert s["fds_after_warmup"] > 10 and s["fds_end"] > 10 and s["fds_slope_per_min"] is not None
+    assert 0 < s["final_p95_first_tenth"] and 0 < s["final_p95_last_tenth"] and s["final_p95_ratio"] > 0
+    assert set(s["verdict"]) == {"rss_growth_under_5_pct", "fds_flat", "nothing_lost", "last_tenth_p95_within_20_pct"}
+    assert s["verdict"]["nothing_lost"]
+    assert "RSS growth" in (tmp_path / "bench-soak.md").read_text()
+    assert (tmp_path / "bench-soak.png").stat().st_size > 1000

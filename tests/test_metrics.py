@@ -40,6 +40,13 @@ def test_metrics_follow_a_live_session(app, speech_dir):
                  (("method", "POST"), ("route", "/webrtc/offer"), ("status", "200"))) == 1
     assert after[("realtime_queue_depth", (("lane", "finals"),))] >= 0
     assert after[("realtime_ready", ())] == 1
+    # real-time factor: the finals' audio (each segment with its padding) beside the engine's busy seconds
+    heard = moved("realtime_audio_seconds_total", (("lane", "final"),))
+    spoken = sum(f["audio_end"] - f["start"] for f in finals)
+    assert spoken <= heard <= spoken + 2.0 * len(finals), (heard, spoken)
+    assert moved("realtime_audio_seconds_total", (("lane", "partial"),)) > 0
+    assert 0 < after[("realtime_real_time_factor", ())] < 5
+    assert after[("realtime_engine_restarts_total", ())] == 0  # the embedded engine runs no process to restart
 
 
 def test_api_upload_is_counted(app, speech_dir):
@@ -56,3 +63,6 @@ def test_api_upload_is_counted(app, speech_dir):
     assert after[("realtime_api_upload_bytes_total", ())] - before[("realtime_api_upload_bytes_total", ())] \
         >= len(data)
     assert after[("realtime_file_jobs_total", ())] > before[("realtime_file_jobs_total", ())]
+    file_audio = after[("realtime_audio_seconds_total", (("lane", "file"),))] - \
+        before[("realtime_audio_seconds_total", (("lane", "file"),))]
+    assert 0.5 * speech.duration <= file_audio <= speech.duration + 1.0, (file_audio, speech.duration)
