@@ -42,6 +42,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from python_multipart.exceptions import FormParserError
 from starlette.background import BackgroundTask
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -475,6 +476,8 @@ def create_router(service: TranscriptionService) -> APIRouter:
                 raise APIError(413, str(exc), "file_too_large") from None
             except MultiPartException as exc:
                 raise APIError(400, f"malformed multipart body: {exc.message}", "invalid_multipart") from None
+            except FormParserError as exc:  # what python-multipart raises past Starlette's parser (a bad part header)
+                raise APIError(400, f"malformed multipart body: {exc}", "invalid_multipart") from None
             except OSError as exc:  # the disk filled while the upload was written (the parser's spill or ours)
                 if exc.errno in NO_SPACE:
                     raise _no_space(exc) from None
