@@ -215,12 +215,7 @@ class EmbeddedEngine(EngineBase):
         results: list[Transcription | BaseException | None] = [None] * len(audios)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
-            if opts.word_timestamps:
-                try:
-                    results[i] = self._transcribe_words(audio, opts)
-                except Exception as exc:
-                    results[i] = exc
-            elif opts.timestamps or audio.size > MAX_FRAMES * 160:
+            if opts.word_timestamps or opts.timestamps or audio.size > MAX_FRAMES * 160:
                 try:
                     results[i] = self._transcribe_long(audios[i], opts)
                 except Exception as exc:
@@ -355,7 +350,8 @@ class EmbeddedEngine(EngineBase):
         return ctranslate2.StorageView.from_array(np.concatenate(parts))
 
     def _transcribe_long(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        """faster-whisper's own long-form transcription (30 s windows, timestamps), judged by the same policy."""
+        """faster-whisper's own long-form transcription (30 s windows, timestamps; words aligned by the cross-attention
+        of the alignment heads when asked), judged by the same policy."""
         t0 = time.perf_counter()
         duration = audio.size / 16000
         language = options.language or self.language
@@ -370,46 +366,8 @@ class EmbeddedEngine(EngineBase):
             temperature=list(policy.temperatures(options.partial, options.temperature)),
             initial_prompt=options.prompt or None,
             condition_on_previous_text=False,
-            without_timestamps=not options.timestamps,
-            no_speech_threshold=policy.NO_SPEECH_THRESHOLD,
-            log_prob_threshold=policy.LOGPROB_THRESHOLD,
-            compression_ratio_threshold=policy.COMPRESSION_RATIO_THRESHOLD,
-            vad_filter=False,
-        )
-        kept: list[TimedText] = []
-        no_speech: list[float] = []
-        logprobs: list[float] = []
-        for seg in segments:
-            no_speech.append(seg.no_speech_prob)
-            logprobs.append(seg.avg_logprob)
-            text = policy.settle(policy.Hypothesis(seg.text.strip(), seg.avg_logprob, seg.no_speech_prob))
-            if text:
-                kept.append(TimedText(float(seg.start), float(seg.end), text))
-        return Transcription(
-            text=" ".join(t.text for t in kept).strip(),
-            language=info.language,
-            duration=duration,
-            segments=tuple(kept),
-            no_speech_prob=max(no_speech) if no_speech else None,
-            avg_logprob=float(np.mean(logprobs)) if logprobs else None,
-            engine_seconds=time.perf_counter() - t0,
-        )
-
-    def _transcribe_words(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-        """faster-whisper's own transcription with its word alignment (cross-attention of the alignment heads,
-        `word_timestamps=True`): timed pieces with their words, judged by the same policy as `_transcribe_long`."""
-        t0 = time.perf_counter()
-        language = (options.language or self.language) if self._multilingual else "en"
-        segments, info = self._model.transcribe(
-            audio,
-            language=language,
-            task=options.task if self._multilingual else "transcribe",
-            beam_size=1 if options.partial else self.beam_size,
-            best_of=policy.BEST_OF,
-            temperature=list(policy.temperatures(options.partial, options.temperature)),
-            initial_prompt=options.prompt or None,
-            condition_on_previous_text=False,
-            word_timestamps=True,
+            without_timestamps=not (options.timestamps or options.word_timestamps),
+            word_timestamps=options.word_timestamps,
             no_speech_threshold=policy.NO_SPEECH_THRESHOLD,
             log_prob_threshold=policy.LOGPROB_THRESHOLD,
             compression_ratio_threshold=policy.COMPRESSION_RATIO_THRESHOLD,
@@ -427,9 +385,13 @@ class EmbeddedEngine(EngineBase):
                               for w in seg.words or ())
                 kept.append(TimedText(float(seg.start), float(seg.end), text, _words_within(text, words)))
         return Transcription(
-            text=" ".join(t.text for t in kept).strip(), language=info.language, duration=audio.size / 16000,
-            segments=tuple(kept), no_speech_prob=max(no_speech) if no_speech else None,
-            avg_logprob=float(np.mean(logprobs)) if logprobs else None, engine_seconds=time.perf_counter() - t0,
+            text=" ".join(t.text for t in kept).strip(),
+            language=info.language,
+            duration=duration,
+            segments=tuple(kept),
+            no_speech_prob=max(no_speech) if no_speech else None,
+            avg_logprob=float(np.mean(logprobs)) if logprobs else None,
+            engine_seconds=time.perf_counter() - t0,
             extra={"language_probability": float(info.language_probability)},
         )
 
