@@ -27,6 +27,16 @@ Authentication (`--api-key`): `Authorization: Bearer <key>`, the subprotocol for
 (`openai-insecure-api-key.<key>`), or an ephemeral secret from `POST /v1/realtime/client_secrets`; anything
 else is refused with 401 before the WebSocket is accepted. Sessions count against `--concurrency-limit`
 (refused with 503 when the live sessions, the page's included, reach it).
+
+Per client address (realtime/signalling.py's `ClientLimiter`, the page's rules: `--max-connections-per-client`,
+`--max-new-connections-per-minute`, `--client-ip-header`), the WebSocket and `POST /v1/realtime/calls` share a cap
+on open sessions and on new ones per minute, counted apart from the page's WebRTC connections; a session's slot is
+freed when it closes (a call's on hangup or when its peer connection ends). Minting client secrets has the
+per-minute cap of its own. Over a cap is a 429 with Retry-After and OpenAI's error shape (`rate_limit_error`),
+for the WebSocket before it is accepted, and before the key is checked (a refused attempt spends no secret).
+
+A `language` the engine's model does not know (any but `en` on an English-only model) is an `error` with code
+`unsupported_language` (400 on the HTTP routes) and the session keeps its language.
 """
 
 from __future__ import annotations
@@ -41,13 +51,14 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from .access import bearer, is_key
@@ -56,6 +67,7 @@ from .engines import Transcription
 from .events import ClosedEvent, ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
 from .service import TranscriptionService
 from .session import TranscriptionSession
+from .signalling import ClientLimiter, OfferError
 from .vad import VADConfig
 from .worker import Job
 
@@ -176,8 +188,20 @@ def _dict(value: Any, param: str) -> dict[str, Any]:
     return value
 
 
-def apply_update(config: Config, session: Any, audio_started: bool) -> Config:
-    """The configuration after a `session.update`'s `session` object (only the fields present change)."""
+def unsupported_language(language: str, languages: Collection[str], model: str) -> str | None:
+    """Why the model cannot transcribe `language` (as the HTTP API says it), or None when it can."""
+    if language in languages:
+        return None
+    if tuple(languages) == ("en",):
+        return (f"the model {model} is English-only and cannot transcribe language {language!r}; leave language "
+                "out, or run a multilingual model (--model base)")
+    return f"the model {model} does not know language {language!r} (it knows {', '.join(languages)})"
+
+
+def apply_update(config: Config, session: Any, audio_started: bool, languages: Collection[str] | None = None,
+                 model: str = "") -> Config:
+    """The configuration after a `session.update`'s `session` object (only the fields present change); with
+    `languages` (the engine's), a language outside them is refused."""
     s = _dict(session, "session")
     kind = s.get("type", "transcription")
     if kind != "transcription":
@@ -215,6 +239,9 @@ def apply_update(config: Config, session: Any, audio_started: bool) -> Config:
                 raise EventError(f"language must be an ISO-639-1 code such as 'en' (got {lang!r})", "invalid_value",
                                  "session.audio.input.transcription.language")
             new.language = lang.strip().lower() if lang else None
+            why = unsupported_language(new.language, languages, model) if new.language and languages else None
+            if why is not None:
+                raise EventError(why, "unsupported_language", "session.audio.input.transcription.language")
         if "prompt" in t:
             prompt = t["prompt"]
             if prompt is not None and (not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS):
@@ -263,6 +290,10 @@ def apply_update(config: Config, session: Any, audio_started: bool) -> Config:
 
 
 BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+BETA_PARAMS = (("session.audio.input.transcription", "session.input_audio_transcription"),
+               ("session.audio.input.turn_detection", "session.turn_detection"),
+               ("session.audio.input.noise_reduction", "session.input_audio_noise_reduction"))
+"""The GA paths of `param` in errors and their beta names, for answers to `transcription_session.update`."""
 
 
 def from_beta(session: Any) -> dict[str, Any]:
@@ -294,6 +325,19 @@ def as_beta(session: dict[str, Any]) -> dict[str, Any]:
             "input_audio_format": {v: k for k, v in BETA_FORMATS.items()}[inp["format"]["type"]],
             "input_audio_transcription": inp["transcription"], "turn_detection": inp["turn_detection"],
             "input_audio_noise_reduction": inp["noise_reduction"]}
+
+
+def beta_param(param: str | None) -> str | None:
+    """An error's GA `param` as the beta session names it."""
+    for ga, beta in BETA_PARAMS:
+        if param is not None and (param == ga or param.startswith(ga + ".")):
+            return beta + param[len(ga):]
+    return param
+
+
+def engine_languages(service: TranscriptionService) -> tuple[Collection[str], str]:
+    """The languages the engine's model takes and the model's name, for `apply_update`."""
+    return service.engine.languages, str(service.engine.describe().get("model"))
 
 
 def _words(text: str) -> list[str]:
@@ -490,7 +534,13 @@ class RealtimeConnection:
                              "input_audio_buffer.append, .commit and .clear", "invalid_value", "type")
 
     def update(self, session: Any, beta: bool = False) -> None:
-        new = apply_update(self.config, session, self.audio_started)
+        languages, model = engine_languages(self.service)
+        try:
+            new = apply_update(self.config, session, self.audio_started, languages, model)
+        except EventError as exc:
+            if beta:
+                exc.param = beta_param(exc.param)
+            raise
         old, self.config = self.config, new
         if new.format != old.format:
             self.audio = AudioInput(new.format)
@@ -691,6 +741,27 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
     router = APIRouter()
     secrets_: dict[str, _Secret] = {}
     base = settings.vad_config()
+    clients = ClientLimiter(settings.max_connections_per_client, settings.max_new_connections_per_minute,
+                            settings.client_ip_header)
+    minting = ClientLimiter(0, settings.max_new_connections_per_minute, settings.client_ip_header)
+    live: set[str] = set()  # the slots of open sessions (WebSockets and calls) in `clients`
+
+    def admit(connection: HTTPConnection, limiter: ClientLimiter = clients) -> str:
+        """A new slot for the connection's client (in `live` until the session ends), or `OfferError` (429)."""
+        slot = _id("slot")
+        client = limiter.client(connection)
+        try:
+            limiter.admit(client, slot, live)
+        except OfferError as exc:
+            log.info("realtime connection of %s refused: %s", client, exc.message)
+            raise
+        if limiter is clients:
+            live.add(slot)
+        return slot
+
+    def limited(exc: OfferError) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     def default_config() -> Config:
         return Config(language=settings.language, threshold=base.threshold, prefix_padding_ms=base.pad_before_ms,
@@ -718,16 +789,31 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
             return True, None
         return any(is_key(t, settings.api_key) for t in tokens), None
 
-    async def refuse(ws: WebSocket, status: int, message: str, code: str) -> None:
-        body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                          "code": code, "param": None}}
+    async def refuse(ws: WebSocket, status: int, message: str, code: str, kind: str | None = None,
+                     retry_after: int | None = None) -> None:
+        """An HTTP answer in place of the WebSocket (ASGI's denial response, which uvicorn serves), else a close
+        before accepting: 1013 (try again later) for what may pass later, 1008 (policy) for the rest."""
+        body = {"error": {"message": message, "type": kind or ("invalid_request_error" if status < 500 else
+                                                                "server_error"), "code": code, "param": None}}
         if "websocket.http.response" in ws.scope.get("extensions", {}):
-            await ws.send_denial_response(JSONResponse(body, status_code=status))
+            headers = {"Retry-After": str(retry_after)} if retry_after else None
+            await ws.send_denial_response(JSONResponse(body, status_code=status, headers=headers))
         else:
-            await ws.close(code=1008 if status < 500 else 1013, reason=message[:120])
+            await ws.close(code=1013 if status in (429, 503) else 1008, reason=message[:120])
 
     @router.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
+        try:
+            slot = admit(ws)
+        except OfferError as exc:
+            await refuse(ws, exc.status, exc.message, exc.code, exc.kind, exc.retry_after)
+            return
+        try:
+            await serve(ws)
+        finally:
+            live.discard(slot)
+
+    async def serve(ws: WebSocket) -> None:
         allowed, secret_config = authorize(ws.headers)
         if not allowed:
             log.info("realtime connection refused: missing or wrong API key")
@@ -787,14 +873,33 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
                     "session_limit_reached")
         return None
 
-    def fail(status: int, message: str, code: str) -> JSONResponse:
+    def fail(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": "invalid_request_error" if status < 500 else
-                                       "server_error", "code": code, "param": None}}, status_code=status)
+                                       "server_error", "code": code, "param": param}}, status_code=status)
+
+    def refused_update(exc: EventError) -> JSONResponse:
+        """A session configuration refused on an HTTP route: 400 for a language the model lacks (as the HTTP API
+        answers it), else 422."""
+        return fail(400 if exc.code == "unsupported_language" else 422, exc.message, exc.code, exc.param)
 
     calls: dict[str, _Call] = {}
 
     @router.post("/v1/realtime/calls", include_in_schema=False)
     async def create_call(request: Request) -> Response:
+        try:
+            slot = admit(request)
+        except OfferError as exc:
+            return limited(exc)
+        kept = False
+        try:
+            response = await open_call(request, slot)
+            kept = response.status_code == 201
+            return response
+        finally:
+            if not kept:
+                live.discard(slot)
+
+    async def open_call(request: Request, slot: str) -> Response:
         allowed, secret_config = authorize(request.headers)
         if not allowed:
             return fail(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or an ephemeral secret)",
@@ -810,11 +915,11 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
             raw_session = form.get("session")
             if raw_session is not None:
                 try:
-                    config = apply_update(config, json.loads(str(raw_session)), audio_started=False)
+                    config = apply_update(config, json.loads(str(raw_session)), False, *engine_languages(service))
                 except ValueError:
                     return fail(400, "the session field must be JSON", "invalid_json")
                 except EventError as exc:
-                    return fail(422, exc.message, exc.code)
+                    return refused_update(exc)
         else:
             sdp = (await request.body()).decode("utf-8", "replace")
         if not isinstance(sdp, str) or not sdp.lstrip().startswith("v="):
@@ -827,7 +932,12 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
             log.info("realtime call refused: %s", exc)
             return fail(400, f"the SDP offer was not accepted ({type(exc).__name__}: {exc})", "invalid_offer")
         calls[call.id] = call
-        call.on_end = lambda: calls.pop(call.id, None)
+
+        def ended() -> None:
+            calls.pop(call.id, None)
+            live.discard(slot)
+
+        call.on_end = ended
         log.info("realtime call %s opened (session %s)", call.id, call.conn.id)
         return Response(answer, status_code=201, media_type="application/sdp",
                         headers={"Location": f"/v1/realtime/calls/{call.id}"})
@@ -844,6 +954,10 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
 
     @router.post("/v1/realtime/client_secrets", include_in_schema=False)
     async def client_secrets(request: Request) -> Response:
+        try:
+            admit(request, minting)  # a secret holds no session: only the per-minute cap
+        except OfferError as exc:
+            return limited(exc)
         if settings.api_key and not is_key(bearer(request.headers.get("authorization", "")), settings.api_key):
             return fail(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
         try:
@@ -864,9 +978,9 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
         config = default_config()
         if body.get("session") is not None:
             try:
-                config = apply_update(config, body["session"], audio_started=False)
+                config = apply_update(config, body["session"], False, *engine_languages(service))
             except EventError as exc:
-                return fail(422, exc.message, exc.code)
+                return refused_update(exc)
         now = time.time()
         value = "ek_" + secrets.token_urlsafe(24)
         secrets_[value] = _Secret(now + ttl, config)

@@ -7,7 +7,8 @@
 - `ClientLimiter`: per client address, a cap on open connections (`--max-connections-per-client`) and on
   new connections per minute (`--max-new-connections-per-minute`); over either gets 429 with Retry-After.
   Both are off by default (0) and on by default on a Space (realtime/space.py), where the client address is
-  the first hop of `X-Forwarded-For` (`--client-ip-header`).
+  the first hop of `X-Forwarded-For` (`--client-ip-header`). The Realtime API's routes (realtime/realtime_api.py)
+  apply the same caps with a limiter of their own.
 
 Refusals carry OpenAI's error shape `{"error": {"message", "type", "code", "param"}}`.
 """
@@ -21,7 +22,7 @@ from collections import deque
 from collections.abc import Collection
 from typing import Any
 
-from fastapi import Request
+from starlette.requests import HTTPConnection, Request
 
 MAX_MEDIA_SECTIONS = 8
 _LINE = re.compile(r"^[a-z]=.*$")
@@ -84,24 +85,26 @@ def check_sdp(sdp: str) -> None:
 
 
 class ClientLimiter:
-    """Open and new WebRTC connections per client address; 0 turns a cap off."""
+    """Open and new connections per client address; 0 turns a cap off. A connection holds its slot while its id
+    is in the `live` collection given to `admit`."""
 
     WINDOW_S = 60.0
 
     def __init__(self, max_open: int, max_per_minute: int, ip_header: str = "") -> None:
         self.max_open, self.max_per_minute, self.ip_header = max_open, max_per_minute, ip_header.lower()
         self.refused = 0
-        self._owner: dict[str, str] = {}  # webrtc_id -> client address
+        self._owner: dict[str, str] = {}  # connection id -> client address
         self._recent: dict[str, deque[float]] = {}
 
-    def client(self, request: Request) -> str:
+    def client(self, request: HTTPConnection) -> str:
+        """The client address of a request or WebSocket: the trusted header's first hop, else the peer."""
         if self.ip_header:
             forwarded = request.headers.get(self.ip_header, "").split(",")[0].strip()
             if forwarded:
                 return forwarded
         return request.client.host if request.client else "unknown"
 
-    def admit(self, client: str, webrtc_id: str, live: Collection[str], now: float | None = None) -> None:
+    def admit(self, client: str, connection_id: str, live: Collection[str], now: float | None = None) -> None:
         """Count a new connection of `client`, or raise `OfferError` (429) when it is over a cap."""
         now = time.monotonic() if now is None else now
         for sid in [s for s in self._owner if s not in live]:
@@ -119,7 +122,7 @@ class ClientLimiter:
             raise OfferError(429, f"this client opened {self.max_per_minute} connections in the last minute; "
                              f"retry in {wait} s", "rate_limit_exceeded", kind="rate_limit_error", retry_after=wait)
         recent.append(now)
-        self._owner[webrtc_id] = client
+        self._owner[connection_id] = client
         if not recent:
             self._recent.pop(client, None)
 

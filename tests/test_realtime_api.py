@@ -655,3 +655,131 @@ def test_the_beta_transcription_session_update_is_understood(rt_app):
     assert (s["input_audio_format"], s["turn_detection"], s["input_audio_transcription"]["language"]) == (
         "g711_ulaw", None, "en")
     assert s["id"] == created["session"]["id"]
+
+
+def test_a_language_the_model_lacks_is_an_error_and_the_session_keeps_its_own(rt_app):
+    """tiny.en is English-only: a session.update (and the beta form) naming 'de' gets an `error` with code
+    unsupported_language and the param's path, and the session keeps 'en'; a client secret asking for it is a 400."""
+    from openai.types.realtime import RealtimeErrorEvent
+
+    def language(code: str) -> dict[str, Any]:
+        return {"type": "transcription", "audio": {"input": {"transcription": {"language": code}}}}
+
+    async def go() -> list[dict[str, Any]]:
+        async with websockets.connect(ws_url(rt_app), additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            answers = [json.loads(await ws.recv())]
+            for event in ({"type": "session.update", "session": language("en")},
+                          {"type": "session.update", "session": language("de"), "event_id": "evt_de"},
+                          {"type": "transcription_session.update",
+                           "session": {"input_audio_transcription": {"model": "whisper-1", "language": "de"}}},
+                          {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                              "transcription": {"prompt": "A short sentence."}}}}}):
+                await ws.send(json.dumps(event))
+                answers.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+            return answers
+
+    created, english, german, beta, after = run(go())
+    assert created["type"] == "session.created" and english["type"] == "session.updated"
+    refused = RealtimeErrorEvent.model_validate(german)
+    assert refused.type == "error", german
+    assert refused.error.code == "unsupported_language" and refused.error.type == "invalid_request_error"
+    assert refused.error.param == "session.audio.input.transcription.language"
+    assert refused.error.event_id == "evt_de" and "English-only" in refused.error.message
+    assert beta["type"] == "error" and beta["error"]["code"] == "unsupported_language", beta
+    assert beta["error"]["param"] == "session.input_audio_transcription.language"
+    assert after["type"] == "session.updated", after
+    assert after["session"]["audio"]["input"]["transcription"]["language"] == "en", "the session kept its language"
+    r = httpx.post(f"{rt_app.url}/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"session": language("de")})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "unsupported_language"
+    assert r.json()["error"]["param"] == "session.audio.input.transcription.language"
+
+
+def test_per_client_caps_on_the_realtime_routes(tmp_path):
+    """The page's per-client caps on the Realtime API: over --max-connections-per-client the WebSocket is refused
+    before it is accepted with 429 (Retry-After, OpenAI's error shape), and so is a call; another client is not held
+    back; closing a WebSocket or hanging up a call frees its slot; over --max-new-connections-per-minute a client
+    gets 429 rate_limit_exceeded, and minting client secrets has that cap of its own. Clients are told apart by
+    the trusted X-Forwarded-For header (every request comes from loopback)."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    from realtime.ice import use_loopback_only
+
+    use_loopback_only()
+    app = launch(tmp_path, "--max-connections-per-client", "2", "--max-new-connections-per-minute", "3",
+                 "--client-ip-header", "X-Forwarded-For")
+
+    def client(n: int) -> dict[str, str]:
+        return {"X-Forwarded-For": f"198.51.100.{n}, 10.0.0.1"}
+
+    async def refusal(headers: dict[str, str]) -> Any:
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await first_event(ws_url(app), additional_headers=headers)
+        return refused.value.response
+
+    async def admitted(headers: dict[str, str]) -> Any:
+        """A WebSocket of this client once its freed slot is taken (the server notices a close a moment later)."""
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                ws = await websockets.connect(ws_url(app), additional_headers=headers)
+            except websockets.InvalidStatus as exc:
+                assert json.loads(exc.response.body)["error"]["code"] == "too_many_connections"
+                assert time.monotonic() < deadline, "the closed session's slot was not freed"
+                await asyncio.sleep(0.1)
+                continue
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            return ws
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=app.url, timeout=30) as http:
+            held = [await admitted(client(1)) for _ in range(2)]
+            over = await refusal(client(1))
+            body = json.loads(over.body)
+            assert over.status_code == 429 and over.headers["Retry-After"] == "5", over.body
+            assert body["error"]["code"] == "too_many_connections" and body["error"]["type"] == "rate_limit_error"
+            assert body["error"]["message"] and "param" in body["error"]
+            r = await http.post("/v1/realtime/calls", content="v=0\r\n",
+                                headers={**client(1), "Content-Type": "application/sdp"})
+            assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_connections", r.text
+            assert (await first_event(ws_url(app), additional_headers=client(2)))["type"] == "session.created"
+            await held.pop(0).close()
+            held.append(await admitted(client(1)))  # the third new connection of this client in the minute
+            for ws in held:
+                await ws.close()
+            deadline = time.monotonic() + 15
+            while (over := await refusal(client(1))).status_code == 429 and json.loads(over.body)["error"][
+                    "code"] == "too_many_connections" and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # until the closed slots are freed: then the minute's cap answers
+            assert over.status_code == 429 and json.loads(over.body)["error"]["code"] == "rate_limit_exceeded"
+            assert 1 <= int(over.headers["Retry-After"]) <= 61
+
+            # a call holds a slot until it is hung up
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            try:
+                pc.addTransceiver("audio", direction="sendonly")
+                pc.createDataChannel("oai-events")
+                await pc.setLocalDescription(await pc.createOffer())
+                r = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp,
+                                    headers={**client(3), "Content-Type": "application/sdp"})
+                assert r.status_code == 201, r.text
+                ws = await admitted(client(3))
+                assert (await refusal(client(3))).status_code == 429
+                call = r.headers["location"].rsplit("/", 1)[1]
+                assert (await http.post(f"/v1/realtime/calls/{call}/hangup")).status_code == 200
+                await (await admitted(client(3))).close()
+                await ws.close()
+            finally:
+                await pc.close()
+
+            # client secrets: the per-minute cap, counted apart from the sessions
+            codes = [(await http.post("/v1/realtime/client_secrets", json={}, headers=client(4))) for _ in range(4)]
+            assert [r.status_code for r in codes] == [200, 200, 200, 429], [r.text for r in codes]
+            assert codes[-1].json()["error"]["code"] == "rate_limit_exceeded" and codes[-1].headers["Retry-After"]
+            assert (await first_event(ws_url(app), additional_headers=client(4)))["type"] == "session.created"
+
+    try:
+        run(go())
+    finally:
+        stop(app)
