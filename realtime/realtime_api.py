@@ -51,7 +51,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from .access import bearer, is_key
 from .audio import SAMPLE_RATE, FrameConverter
-from .engines import Transcription
+from .engines import Engine, Transcription
 from .events import ClosedEvent, ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
 from .service import TranscriptionService
 from .session import TranscriptionSession
@@ -188,20 +188,21 @@ def _dict(value: Any, param: str) -> dict[str, Any]:
     return value
 
 
-def unsupported_language(language: str, languages: Collection[str], model: str) -> str | None:
-    """Why the model cannot transcribe `language` (as the HTTP API says it), or None when it can."""
+def unsupported_language(language: str, engine: Engine) -> str | None:
+    """Why the engine's model cannot transcribe `language` (as the HTTP API says it), or None when it can."""
+    languages = engine.languages
     if language in languages:
         return None
+    model = engine.describe().get("model")
     if tuple(languages) == ("en",):
         return (f"the model {model} is English-only and cannot transcribe language {language!r}; leave language "
                 "out, or run a multilingual model (--model base)")
     return f"the model {model} does not know language {language!r} (it knows {', '.join(languages)})"
 
 
-def apply_update(config: Config, session: Any, audio_started: bool, languages: Collection[str] | None = None,
-                 model: str = "") -> Config:
-    """The configuration after a `session.update`'s `session` object (only the fields present change); with
-    `languages` (the engine's), a language outside them is refused."""
+def apply_update(config: Config, session: Any, audio_started: bool, engine: Engine | None = None) -> Config:
+    """The configuration after a `session.update`'s `session` object (only the fields present change); with the
+    `engine`, a language its model does not know is refused."""
     s = _dict(session, "session")
     kind = s.get("type", "transcription")
     if kind != "transcription":
@@ -239,7 +240,7 @@ def apply_update(config: Config, session: Any, audio_started: bool, languages: C
                 raise EventError(f"language must be an ISO-639-1 code such as 'en' (got {lang!r})", "invalid_value",
                                  "session.audio.input.transcription.language")
             new.language = lang.strip().lower() if lang else None
-            why = unsupported_language(new.language, languages, model) if new.language and languages else None
+            why = unsupported_language(new.language, engine) if new.language and engine is not None else None
             if why is not None:
                 raise EventError(why, "unsupported_language", "session.audio.input.transcription.language")
         if "prompt" in t:
@@ -333,11 +334,6 @@ def beta_param(param: str | None) -> str | None:
         if param is not None and (param == ga or param.startswith(ga + ".")):
             return beta + param[len(ga):]
     return param
-
-
-def engine_languages(service: TranscriptionService) -> tuple[Collection[str], str]:
-    """The languages the engine's model takes and the model's name, for `apply_update`."""
-    return service.engine.languages, str(service.engine.describe().get("model"))
 
 
 def _words(text: str) -> list[str]:
@@ -534,9 +530,8 @@ class RealtimeConnection:
                              "input_audio_buffer.append, .commit and .clear", "invalid_value", "type")
 
     def update(self, session: Any, beta: bool = False) -> None:
-        languages, model = engine_languages(self.service)
         try:
-            new = apply_update(self.config, session, self.audio_started, languages, model)
+            new = apply_update(self.config, session, self.audio_started, self.service.engine)
         except EventError as exc:
             if beta:
                 exc.param = beta_param(exc.param)
@@ -915,7 +910,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
             raw_session = form.get("session")
             if raw_session is not None:
                 try:
-                    config = apply_update(config, json.loads(str(raw_session)), False, *engine_languages(service))
+                    config = apply_update(config, json.loads(str(raw_session)), False, service.engine)
                 except ValueError:
                     return fail(400, "the session field must be JSON", "invalid_json")
                 except EventError as exc:
@@ -978,7 +973,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
         config = default_config()
         if body.get("session") is not None:
             try:
-                config = apply_update(config, body["session"], False, *engine_languages(service))
+                config = apply_update(config, body["session"], False, service.engine)
             except EventError as exc:
                 return refused_update(exc)
         now = time.time()
