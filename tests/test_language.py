@@ -28,6 +28,8 @@ from real_speech import DATA
 
 LANGUAGES = DATA / "languages"
 ENGLISH = ("jfk.flac", "librispeech-1272-141231-0002.flac")
+NAMES = {"de": "German", "en": "English", "es": "Spanish", "fr": "French", "ja": "Japanese", "pt": "Portuguese",
+         "th": "Thai", "zh": "Chinese"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ def test_base_is_the_packaged_multilingual_model(base_app):
 
 def test_language_identification_is_as_accurate_as_faster_whispers(base_engine):
     """The live path's language (what finals report) on every clip, against faster-whisper's `detect_language`
-    (the file path asks faster-whisper's own transcription, which detects the same way, per window)."""
+    (the file path asks faster-whisper's own transcription, which detects the same way, per window). Prints each
+    clip, then a row per language for the README's table (`pytest -s`)."""
     from faster_whisper import WhisperModel
 
     from realtime.engines.embedded import resolve_model
@@ -80,6 +83,7 @@ def test_language_identification_is_as_accurate_as_faster_whispers(base_engine):
     items = recordings()
     reference = WhisperModel(resolve_model("base")[0], device="cpu", compute_type="int8")
     ours_right = theirs_right = 0
+    by_language: dict[str, list[tuple[str, str]]] = {}
     print(f"\n{'clip':36} {'truth':6} {'faster-whisper':15} {'ours (live path)'}")
     for item in items:
         audio = decode_file(item.path)
@@ -87,11 +91,25 @@ def test_language_identification_is_as_accurate_as_faster_whispers(base_engine):
         ours = base_engine.transcribe_sync(audio, TranscribeOptions()).language
         theirs_right += theirs == item.language
         ours_right += ours == item.language
+        by_language.setdefault(item.language, []).append((theirs, ours))
         print(f"{item.path.name:36} {item.language:6} {theirs:15} {ours}")
-    languages = sorted({i.language for i in items})
+    languages = sorted(by_language, key=lambda code: NAMES.get(code, code))
     print(f"{len(items)} clips in {len(languages)} languages ({', '.join(languages)}): faster-whisper "
           f"{theirs_right}/{len(items)} right, ours {ours_right}/{len(items)}")
+    print("| language | clips | faster-whisper detect_language | ours |\n|---|---|---|---|")
+    for code in languages:
+        got = by_language[code]
+        print(f"| {NAMES.get(code, code)} ({code}) | {len(got)} | {_score(code, [t for t, _ in got])} | "
+              f"{_score(code, [o for _, o in got])} |")
+    print(f"| all | {len(items)} | {theirs_right}/{len(items)} | {ours_right}/{len(items)} |")
+    assert len(languages) >= 8 and all(len(got) >= 2 for got in by_language.values()), by_language
     assert ours_right >= theirs_right >= len(items) - 1
+
+
+def _score(truth: str, detected: list[str]) -> str:
+    """'2/2', or '1/2 (es)' naming what the wrong ones were taken for."""
+    wrong = [d for d in detected if d != truth]
+    return f"{len(detected) - len(wrong)}/{len(detected)}" + (f" ({', '.join(wrong)})" if wrong else "")
 
 
 def test_each_segment_gets_its_own_language(base_app):
