@@ -52,7 +52,7 @@ from . import transcript as fmt
 from .access import bearer, is_key
 from .audio import AudioDecodeError
 from .engines import EngineUnavailable, TranscribeOptions, Transcription
-from .engines.types import Word
+from .engines.types import LANE_HEADER, Word
 from .service import TranscriptionService
 from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results
 from .transcript import Entry
@@ -232,8 +232,11 @@ def _suffix(filename: str | None) -> str:
     return suffix if _SUFFIX.match(suffix) else ""
 
 
-def create_router(service: TranscriptionService) -> APIRouter:
-    """The API routes bound to one TranscriptionService (its settings, engine and worker)."""
+def create_router(service: TranscriptionService, *, lane_hints: bool = False) -> APIRouter:
+    """The API routes bound to one TranscriptionService (its settings, engine and worker).
+
+    With `lane_hints`, a request marked as another app's live final (`LANE_HEADER: final`, sent by the remote
+    engine) joins the worker's finals lane, ahead of file jobs; the header is ignored otherwise."""
     settings = service.settings
     router = APIRouter()
     limit = int(settings.max_upload_mb * 1024 * 1024)
@@ -485,8 +488,9 @@ def create_router(service: TranscriptionService) -> APIRouter:
             params = _parse_params(fields)
             check_capabilities(params, info)
             await asyncio.to_thread(_check_audio, path, declared)
+            live = lane_hints and request.headers.get(LANE_HEADER, "").strip().lower() == "final"
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
-                                        prompt=params.prompt, temperature=params.temperature)
+                                        prompt=params.prompt, temperature=params.temperature, live=live)
             if not params.stream:
                 return await respond(params, task, path, options)
 

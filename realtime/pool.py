@@ -94,7 +94,7 @@ def replica_app(settings: Settings) -> Any:
             await service.stop()
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(create_router(service))
+    app.include_router(create_router(service, lane_hints=True))
 
     @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:

@@ -219,7 +219,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         return Response(body, status_code=response.status_code, headers=headers)
 
     app.middleware("http")(metrics.middleware)
-    routers = [create_router(service), create_realtime_router(service)]
+    routers = [create_router(service, lane_hints=bool(settings.api_key)), create_realtime_router(service)]
     for router in routers:
         app.include_router(router)
     _refuse_other_methods(app, [*app.routes, *(r for router in routers for r in router.routes)])

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -203,6 +204,12 @@ class SegmentStream:
         self._stop.set()
 
 
+def _lane(options: TranscribeOptions) -> Literal["final", "file"]:
+    """The worker's lane for a file's jobs: the finals lane for another app's live final (`options.live`, set by
+    the API from the remote engine's hint), else the file lane."""
+    return "final" if options.live else "file"
+
+
 @contextlib.asynccontextmanager
 async def _worker_for(runner: Engine | Worker) -> AsyncIterator[Worker]:
     if isinstance(runner, Worker):
@@ -241,7 +248,8 @@ async def transcribe_results(
         try:
             async for first in iterator:
                 batch = [first, *segments.ready(size - 1)]
-                futures = [worker.submit(Job(name, n + i, e.audio, "file", options)) for i, e in enumerate(batch)]
+                futures = [worker.submit(Job(name, n + i, e.audio, _lane(options), options))
+                           for i, e in enumerate(batch)]
                 n += len(batch)
                 results = await asyncio.gather(*futures, return_exceptions=True)
                 for end, result in zip(batch, results, strict=True):
@@ -263,10 +271,11 @@ async def _redecode(worker: Worker, name: str, window: Window, options: Transcri
     past an early end as long-form transcription does, or one packed segment at a time on an engine without."""
     seconds = window.audio.size / SAMPLE_RATE
     if worker.engine.timestamps:
-        jobs = [Job(name, window.segment, window.audio, "file", replace(options, timestamps=True))]
+        jobs = [Job(name, window.segment, window.audio, _lane(options), replace(options, timestamps=True))]
     else:
         bounds = [round(o * SAMPLE_RATE) for o, _ in window.parts] + [window.audio.size]
-        jobs = [Job(name, window.segment, window.audio[a:b], "file", options) for a, b in itertools.pairwise(bounds)]
+        jobs = [Job(name, window.segment, window.audio[a:b], _lane(options), options)
+                for a, b in itertools.pairwise(bounds)]
     results = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
     done = [r for r in results if isinstance(r, Transcription)]
     if len(done) < len(results):
@@ -278,7 +287,7 @@ async def _redecode(worker: Worker, name: str, window: Window, options: Transcri
 async def stream_text(worker: Worker, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
     """One clip as a file job, its text in deltas as a streaming engine decodes it (else the whole text once)."""
     texts: asyncio.Queue[str] = asyncio.Queue()
-    job = Job(f"file-{uuid.uuid4().hex[:12]}", 0, audio, "file", options, on_text=texts.put_nowait)
+    job = Job(f"file-{uuid.uuid4().hex[:12]}", 0, audio, _lane(options), options, on_text=texts.put_nowait)
     future = worker.submit(job)
     said = ""
     try:

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -189,10 +189,11 @@ class Worker:
 
     async def _call(self, job: Job) -> Transcription:
         """One job; through the engine's `transcribe_stream` (text deltas) when the job wants the text so far."""
+        options = replace(job.options, live=True) if job.kind == "final" and not job.options.live else job.options
         if job.on_text is None or not self.engine.streaming:
-            return await self.engine.transcribe(job.audio, job.options)
+            return await self.engine.transcribe(job.audio, options)
         text = ""
-        async for delta in self.engine.transcribe_stream(job.audio, job.options):
+        async for delta in self.engine.transcribe_stream(job.audio, options):
             text += delta
             if not job.future.done():
                 job.on_text(text.strip())

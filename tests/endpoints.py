@@ -126,7 +126,8 @@ class FakeEndpoint:
                     entry = {"t": time.monotonic(), "path": self.path, "behaviour": behaviour, "fields": fields,
                              "segment": _segment_id(wav) if wav else None, "port": self.client_address[1],
                              "digest": hashlib.sha1(wav or b"").hexdigest()[:12], "seconds": seconds,
-                             "auth": self.headers.get("authorization")}
+                             "auth": self.headers.get("authorization"),
+                             "lane": self.headers.get("x-transcription-lane")}
                     endpoint.log.append(entry)
                 endpoint.on_request(self, behaviour, entry, body)
 

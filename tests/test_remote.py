@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -311,6 +312,52 @@ def test_prompt_is_sent_but_not_to_vllms_server():
     finally:
         other.close()
         vllm.close()
+
+
+def test_a_live_final_goes_ahead_of_queued_file_work_at_an_app_endpoint(endpoint, tmp_path):
+    """As in front of the pool: an app whose remote engine sends one request at a time to an endpoint we hold,
+    so requests to the app queue in its worker. One marked as another app's live final (the lane header the
+    remote engine puts on finals) is sent on next, ahead of the file requests queued before it, and carries the
+    mark on; file requests carry none. Unmarked, it would wait for all of them."""
+    from realtime.engines.types import LANE_HEADER
+
+    from real_speech import DATA
+
+    key = "sekret"
+    app = launch(tmp_path, "--engine", "remote", "--remote-url", endpoint.url, "--remote-max-in-flight", "1",
+                 env={"REALTIME_API_KEY": key})
+    try:
+        clips = [(DATA / f"cmu-cards-00{i}.flac").read_bytes() for i in range(1, 6)]
+        answers: list[httpx.Response] = []
+
+        def post(audio: bytes, headers: dict[str, str]) -> None:
+            answers.append(httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("c.flac", audio)},
+                                      headers={"Authorization": f"Bearer {key}", **headers}, timeout=120))
+
+        def wait_for(what, timeout: float = 60) -> None:
+            deadline = time.monotonic() + timeout
+            while not what():
+                assert time.monotonic() < deadline, app.health()
+                time.sleep(0.1)
+
+        endpoint.hold_next()
+        threads = [threading.Thread(target=post, args=(clips[0], {}))]
+        threads[0].start()
+        wait_for(lambda: len(endpoint.requests()) == 1)
+        for audio in clips[1:4]:
+            threads.append(threading.Thread(target=post, args=(audio, {})))
+            threads[-1].start()
+        wait_for(lambda: app.health()["queue"]["pending_files"] == 3)
+        threads.append(threading.Thread(target=post, args=(clips[4], {LANE_HEADER: "final"})))
+        threads[-1].start()
+        wait_for(lambda: app.health()["queue"]["pending_finals"] == 1)
+        endpoint.release()
+        for t in threads:
+            t.join(120)
+        assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
+        assert [r["lane"] for r in endpoint.requests()] == [None, "final", None, None, None]
+    finally:
+        stop(app)
 
 
 # -- a second instance of the app with --engine remote pointed at the first

@@ -24,6 +24,8 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
 - Streaming: with `stream=True` OpenAI-style endpoints are asked for Server-Sent Events; both vLLM's chunks
   (`choices[].delta.content`, then `[DONE]`) and OpenAI's `transcript.text.delta` / `transcript.text.done`
   events are read. `_decode_stream` hands the deltas on as they arrive (the HTTP API forwards them).
+- A live session's final carries `X-Transcription-Lane: final` (`LANE_HEADER`): an endpoint that is this app (with
+  an API key) or its pool decodes it ahead of queued file work and partials, as the local worker does.
 - Realtime (`realtime=True`, `--remote-realtime`): for an endpoint that is another instance of this app, each
   request that only asks for text (`task` transcribe, no timestamps, at most `REALTIME_MAX_S` of audio: every
   live partial and final) goes over the endpoint's `/v1/realtime?intent=transcription` WebSocket instead: one
@@ -57,6 +59,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, wav_bytes
 from . import policy
 from .base import Engine, EngineBase, EngineError, EngineUnavailable, TimedText, TranscribeOptions, Transcription
+from .types import LANE_HEADER
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -503,8 +506,9 @@ class RemoteEngine(EngineBase):
                 stream = True
                 data["stream"] = "true"
         files = {"file": ("segment.wav", wav, "audio/wav")}
+        headers = {LANE_HEADER: "final"} if options.live and not options.partial else None
         try:
-            async with self._client.stream("POST", url, data=data, files=files) as r:
+            async with self._client.stream("POST", url, data=data, files=files, headers=headers) as r:
                 if r.status_code != 200:
                     await r.aread()
                     message = f"{r.status_code} {_error_message(r)}"

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+LANE_HEADER = "X-Transcription-Lane"
+"""The request header by which the remote engine marks a live final (`final`) for an endpoint that is this app or
+its pool, which puts such requests ahead of file work (realtime/api.py)."""
+
 
 @dataclass(frozen=True)
 class TranscribeOptions:
@@ -20,6 +24,9 @@ class TranscribeOptions:
     """Ask for timed sub-segments (used by verbose formats)."""
     word_timestamps: bool = False
     """Ask for each word's times (`TimedText.words`), on engines that declare `word_timestamps`."""
+    live: bool = False
+    """A live session's final (the worker sets it): someone is waiting for it as they speak. Engines that queue
+    requests elsewhere pass it on (the remote engine asks its endpoint for the finals lane); others ignore it."""
 
 
 @dataclass(frozen=True)
