@@ -109,9 +109,12 @@ class ClientLimiter:
         now = time.monotonic() if now is None else now
         for sid in [s for s in self._owner if s not in live]:
             del self._owner[sid]
+        for address, times in list(self._recent.items()):  # every client's, so one that left is forgotten
+            while times and now - times[0] >= self.WINDOW_S:
+                times.popleft()
+            if not times:
+                del self._recent[address]
         recent = self._recent.setdefault(client, deque())
-        while recent and now - recent[0] >= self.WINDOW_S:
-            recent.popleft()
         if self.max_open and sum(1 for c in self._owner.values() if c == client) >= self.max_open:
             self.refused += 1
             raise OfferError(429, f"this client already has {self.max_open} open connections; close one first",
@@ -123,8 +126,6 @@ class ClientLimiter:
                              f"retry in {wait} s", "rate_limit_exceeded", kind="rate_limit_error", retry_after=wait)
         recent.append(now)
         self._owner[connection_id] = client
-        if not recent:
-            self._recent.pop(client, None)
 
     def describe(self) -> dict[str, Any]:
         return {"max_connections_per_client": self.max_open or None,

@@ -124,3 +124,21 @@ def test_new_connections_per_client_are_capped(limited):
     error = _openai_error(r, 429)
     assert error["code"] == "rate_limit_exceeded" and int(r.headers["Retry-After"]) >= 1
     assert httpx.get(f"{limited.url}/health").json()["signalling"]["refused"] == 1
+
+
+@pytest.mark.fast
+def test_the_limiter_forgets_clients_that_left():
+    """The per-minute history is kept per client address: a public server sees endless addresses, so one that
+    has not connected for a minute must leave nothing behind, while the caps still hold for one that has."""
+    from realtime.signalling import ClientLimiter, OfferError
+
+    limiter = ClientLimiter(max_open=0, max_per_minute=2)
+    for i in range(100):
+        limiter.admit(f"10.0.0.{i}", f"c{i}", live=(), now=0.0)
+    limiter.admit("192.0.2.1", "a", live=(), now=1.0)
+    limiter.admit("192.0.2.1", "b", live=(), now=2.0)
+    with pytest.raises(OfferError):
+        limiter.admit("192.0.2.1", "c", live=(), now=3.0)
+    limiter.admit("192.0.2.2", "d", live=(), now=61.5)
+    assert set(limiter._recent) == {"192.0.2.1", "192.0.2.2"}
+    limiter.admit("192.0.2.1", "e", live=(), now=62.5)  # its first connection of the last minute has aged out
