@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -160,7 +161,7 @@ class TranscriptionSession:
         self._last_partial_at = now
         segment, start, end = seg.segment, seg.speech_start, self.stream_time
         job = Job(self.id, segment, seg.audio_so_far(), "partial",
-                  TranscribeOptions(language=self.options.language, partial=True),
+                  TranscribeOptions(language=self.options.language, task=self.options.task, partial=True),
                   on_text=lambda text: self._on_partial_text(segment, start, end, text))
         future = self.worker.submit(job)
         future.add_done_callback(lambda f: self._on_partial(segment, start, end, f))
@@ -221,6 +222,12 @@ class TranscriptionSession:
         return len(self._finals_pending)
 
     # -- control
+    def choose(self, language: str | None, task: Literal["transcribe", "translate"] = "transcribe") -> None:
+        """Decode in `language` (None: the model detects it) with `task` from the next job on (a segment already
+        queued keeps what it was queued with)."""
+        if (language, task) != (self.options.language, self.options.task):
+            self.options = dataclasses.replace(self.options, language=language, task=task)
+
     def clear(self) -> None:
         self.transcript.clear()
 

@@ -1,10 +1,14 @@
 """The page: a live tab around fastrtc's `WebRTC` audio component, a file tab, and the HTML they render.
 
-The live tab shows the session's transcript (time and, where the engine reports it, language per line), its
-downloads and a copy button; `?view=captions` restyles it as large captions of the last lines (assets/style.css,
-assets/app.js, which also says when the connection drops). The file tab sends an upload through the service's
-file path (`transcribe_results` on the shared worker's file lane, as the HTTP API does) and streams progress
-(segments done of those cut so far, audio covered) and text as segments finish, then the same four downloads.
+The live tab has a language picker (Detect and the engine's languages; fixed to English on an English-only model)
+and, on a model that translates, a Translate to English toggle: both are inputs of the stream, so the handler
+applies them to the session (from the next segment when changed mid-session); uploads on the file tab are decoded in
+the picker's language too. It shows the session's transcript (time and, where the engine reports it, the spoken
+language per line), its downloads and a copy button; `?view=captions` restyles it as large captions of the last
+lines (assets/style.css, assets/app.js, which also says when the connection drops). The file tab sends an upload
+through the service's file path (`transcribe_results` on the shared worker's file lane, as the HTTP API does) and
+streams progress (segments done of those cut so far, audio covered) and text as segments finish, then the same four
+downloads.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from . import transcript as fmt
 from .access import session_token
 from .audio import AudioDecodeError
 from .engines import TranscribeOptions
-from .handler import TranscriptionHandler
+from .handler import DETECT, TranscriptionHandler
 from .service import TranscriptionService
 from .transcribe import SegmentStream, timed_entries, transcribe_results
 from .transcript import Entry, TranscriptSnapshot
@@ -42,6 +46,19 @@ TRACK_CONSTRAINTS = {
 }
 FILE_TYPES = [".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".webm", ".m4a", ".mp4", ".aac"]
 """What the file tab offers to pick: the containers the HTTP API decodes."""
+LANGUAGE_NAMES = dict(pair.replace("_", " ").split("=") for pair in (
+    "af=Afrikaans am=Amharic ar=Arabic as=Assamese az=Azerbaijani ba=Bashkir be=Belarusian bg=Bulgarian bn=Bengali "
+    "bo=Tibetan br=Breton bs=Bosnian ca=Catalan cs=Czech cy=Welsh da=Danish de=German el=Greek en=English "
+    "es=Spanish et=Estonian eu=Basque fa=Persian fi=Finnish fo=Faroese fr=French gl=Galician gu=Gujarati ha=Hausa "
+    "haw=Hawaiian he=Hebrew hi=Hindi hr=Croatian ht=Haitian_Creole hu=Hungarian hy=Armenian id=Indonesian "
+    "is=Icelandic it=Italian ja=Japanese jw=Javanese ka=Georgian kk=Kazakh km=Khmer kn=Kannada ko=Korean la=Latin "
+    "lb=Luxembourgish ln=Lingala lo=Lao lt=Lithuanian lv=Latvian mg=Malagasy mi=Maori mk=Macedonian ml=Malayalam "
+    "mn=Mongolian mr=Marathi ms=Malay mt=Maltese my=Burmese ne=Nepali nl=Dutch nn=Norwegian_Nynorsk no=Norwegian "
+    "oc=Occitan pa=Punjabi pl=Polish ps=Pashto pt=Portuguese ro=Romanian ru=Russian sa=Sanskrit sd=Sindhi "
+    "si=Sinhala sk=Slovak sl=Slovenian sn=Shona so=Somali sq=Albanian sr=Serbian su=Sundanese sv=Swedish "
+    "sw=Swahili ta=Tamil te=Telugu tg=Tajik th=Thai tk=Turkmen tl=Tagalog tr=Turkish tt=Tatar uk=Ukrainian "
+    "ur=Urdu uz=Uzbek vi=Vietnamese yi=Yiddish yo=Yoruba zh=Chinese yue=Cantonese").split())
+"""English names of Whisper's languages, for the language picker (a code missing here is shown as itself)."""
 DOWNLOADS = {"txt": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt", "json": "application/json"}
 COPY_JS = """(...args) => { const box = document.getElementById("rt-transcript");
   const text = [...box.querySelectorAll(".rt-final")].map((e) => e.textContent.trim()).filter(Boolean).join("\\n");
@@ -108,6 +125,26 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
                          for ext in DOWNLOADS)
         parts.append(f'<span class="rt-downloads">download {links}</span>')
     return " ".join(parts)
+
+
+def language_choices(engine_languages: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The picker's (label, value) pairs: Detect (on a model that detects), then the engine's languages by name."""
+    named = sorted((f"{LANGUAGE_NAMES.get(code, code)} ({code})", code) for code in engine_languages)
+    return named if len(engine_languages) == 1 else [("Detect", DETECT), *named]
+
+
+def picked_language(engine_languages: tuple[str, ...], value: str | None, default: str | None) -> str | None:
+    """The language code a picker value asks for (None: detect); a value the engine does not take: `default`."""
+    if value == DETECT:
+        return None
+    return value if value in engine_languages else default
+
+
+def render_file_language(engine_languages: tuple[str, ...], value: str | None) -> str:
+    """The File tab's note of the language its uploads are decoded in (the Live tab's picker)."""
+    code = picked_language(engine_languages, value, None)
+    name = f"{LANGUAGE_NAMES.get(code, code)} ({code})" if code else "detected per segment"
+    return f'<p class="rt-file-language">Language: {html.escape(name)} (the Live tab\'s picker)</p>'
 
 
 def _data_url(text: str, media: str) -> str:
@@ -177,8 +214,10 @@ def _probe_duration(path: Path) -> float | None:
         return None
 
 
-async def transcribe_upload(service: TranscriptionService, path: str | None) -> AsyncIterator[tuple[str, str, str]]:
-    """(progress, text, downloads) HTML as the file's segments are cut and transcribed."""
+async def transcribe_upload(service: TranscriptionService, path: str | None,
+                            language: str | None = None) -> AsyncIterator[tuple[str, str, str]]:
+    """(progress, text, downloads) HTML as the file's segments are cut and transcribed; `language` is the
+    picker's value (None: the app's setting)."""
     if not path:
         yield "", render_file_text([], {}), ""
         return
@@ -186,13 +225,14 @@ async def transcribe_upload(service: TranscriptionService, path: str | None) -> 
     if not service.ready or not engine.ready:
         yield render_progress(0, 0, False, 0, None, f"the {engine.name} engine is not ready; try again soon"), "", ""
         return
-    options = TranscribeOptions(language=settings.language, timestamps=bool(engine.timestamps))
+    chosen = picked_language(engine.languages, language, settings.language) if language else settings.language
+    options = TranscribeOptions(language=chosen, timestamps=bool(engine.timestamps))
     window = (settings.file_window_s or None) if engine.timestamps else None
     duration = await asyncio.to_thread(_probe_duration, Path(path))
     segments = _CountingStream(path, settings.vad_config(), window_s=window)
     entries: list[Entry] = []
     languages: dict[int, str] = {}
-    done, covered, language = 0, 0.0, settings.language
+    done, covered, language = 0, 0.0, chosen
     yield render_progress(0, 0, True, 0, duration), render_file_text([], {}), ""
     try:
         async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
@@ -292,6 +332,10 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
     transcripts = transcripts or PageTranscripts(service)
     turn = turn or Turn(settings)
     rtc = {"iceServers": turn.stun}  # per connection, turn.attach() hands out fresh TURN credentials
+    engine = service.engine
+    languages = engine.languages
+    multilingual = len(languages) > 1
+    chosen = settings.language if settings.language in languages else DETECT if multilingual else languages[0]
     theme = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
     head = f"<script>{(ASSETS / 'app.js').read_text()}</script>"
     with gr.Blocks(title="Real-time transcription", theme=theme, css=(ASSETS / "style.css").read_text(),
@@ -304,6 +348,17 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                         "settles when you pause. <a href='?view=captions'>Captions view</a></p>")
                 with gr.Row():
                     with gr.Column(scale=1, min_width=220):
+                        picker = gr.Dropdown(
+                            language_choices(languages),
+                            value=chosen,
+                            label="Language",
+                            info=None if multilingual else "this model is English-only",
+                            interactive=multilingual,
+                            filterable=True,
+                            elem_id="rt-language",
+                        )
+                        translate = gr.Checkbox(False, label="Translate to English", visible=engine.translates,
+                                                info="finals and partials in English", elem_id="rt-translate")
                         audio = WebRTC(
                             label="Microphone",
                             modality="audio",
@@ -324,6 +379,7 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
             with gr.Tab("File", id="file", elem_id="rt-tab-file"):
                 upload = gr.File(label=f"Recording ({', '.join(t[1:] for t in FILE_TYPES)})",
                                  file_types=FILE_TYPES, type="filepath", elem_id="rt-file-input")
+                file_language = gr.HTML(render_file_language(languages, chosen), elem_id="rt-file-language")
                 file_progress = gr.HTML("", elem_id="rt-file-progress")
                 file_text = gr.HTML(render_file_text([], {}), elem_id="rt-file-text")
                 file_downloads = gr.HTML("", elem_id="rt-file-downloads")
@@ -331,7 +387,7 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
 
         audio.stream(
             TranscriptionHandler(service),
-            inputs=[audio],
+            inputs=[audio, picker, translate],  # picker and toggle reach the handler as its latest_args
             outputs=[audio],
             concurrency_limit=settings.concurrency_limit,
             time_limit=(settings.session_time_limit + TIME_LIMIT_BACKSTOP_S) if settings.session_time_limit else None,
@@ -350,12 +406,14 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                                     outputs=[transcript, status, session_state, notice],
                                     concurrency_limit=None, queue=True)
 
-        async def on_upload(path: str | None) -> AsyncIterator[tuple[str, str, str]]:
-            async for out in transcribe_upload(service, path):
+        async def on_upload(path: str | None, language: str | None) -> AsyncIterator[tuple[str, str, str]]:
+            async for out in transcribe_upload(service, path, language):
                 yield out
 
-        upload.change(on_upload, inputs=[upload], outputs=[file_progress, file_text, file_downloads],
+        upload.change(on_upload, inputs=[upload, picker], outputs=[file_progress, file_text, file_downloads],
                       concurrency_limit=settings.concurrency_limit, show_progress="hidden")
+        picker.change(lambda value: render_file_language(languages, value), inputs=[picker], outputs=[file_language],
+                      queue=False, show_progress="hidden")
         copy.click(None, js=COPY_JS)
 
         def on_load(request: gr.Request) -> str:

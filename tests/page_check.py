@@ -9,8 +9,13 @@ One app (`python app.py --ice-loopback`, conftest.launch), one browser whose fak
 - `file`: the file tab and its drop zone reached with the keyboard, `--upload` given, progress and text
   polled until done;
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
-- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps.
-Every request any page makes is recorded.
+- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps;
+- `language` (with `--language-mic`): a second app on the multilingual base model and a second browser whose
+  microphone loops `--language-mic` (German): German picked with the keyboard, the live view transcribing, then
+  Translate to English switched on mid-session; before the live session, the file tab is given
+  `--language-upload` with German picked.
+The live scenario also records the language picker of the default (English-only) model. Every request any page
+makes is recorded.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import argparse
 import base64
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from browser_check import FLAGS, KEEP_PCS
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 from conftest import App, launch, stop
@@ -49,21 +55,32 @@ PROGRESS = """() => { const p = document.querySelector("#rt-file-progress .rt-pr
            error: document.querySelector("#rt-file-progress .rt-progress-error")?.innerText ?? null,
            lines: [...document.querySelectorAll("#rt-file-text .rt-final")].map((e) => e.textContent.trim()) }; }"""
 OVERFLOW = """() => ({ width: innerWidth, scroll: document.documentElement.scrollWidth,
-  wide: [...document.querySelectorAll("#rt-webrtc, #rt-transcript, #rt-status, #rt-file-input, #rt-tabs button")]
+  wide: [...document.querySelectorAll(
+    "#rt-webrtc, #rt-language, #rt-transcript, #rt-status, #rt-file-input, #rt-tabs button")]
     .filter((e) => e.offsetParent !== null).map((e) => [e.id || e.textContent.trim(), e.getBoundingClientRect().right])
     .filter(([, right]) => right > innerWidth + 1) })"""
+
+
+PICKER = """() => { const box = document.querySelector("#rt-language input");
+  const toggle = document.querySelector("#rt-translate input[type=checkbox]");
+  return { present: !!box, value: box?.value ?? null, disabled: box ? box.disabled : null,
+           visible: !!box && box.offsetParent !== null,
+           translate: !!toggle && toggle.offsetParent !== null, translating: !!toggle?.checked }; }"""
 
 
 def finals(page: Page) -> list[str]:
     return [line["final"] for line in page.evaluate(LINES, "#rt-transcript") if line["final"]]
 
 
-def start_live(context: BrowserContext, url: str) -> Page:
+def start_live(context: BrowserContext, url: str, before: Callable[[Page], None] | None = None) -> Page:
+    """A page on `url` streaming its microphone; `before(page)` runs once the page is up, before it starts."""
     page = context.new_page()
     page.add_init_script(KEEP_PCS)
     page.goto(url, wait_until="load")
     access = page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone")
     access.wait_for(state="visible", timeout=30_000)
+    if before is not None:
+        before(page)
     access.click()
     page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
     return page
@@ -77,8 +94,9 @@ def wait_finals(page: Page, n: int, timeout: float) -> list[str]:
 
 
 def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
-    page = start_live(context, app.url)
-    r: dict[str, Any] = {"finals": wait_finals(page, 2, 90)}
+    picker: dict[str, Any] = {}
+    page = start_live(context, app.url, lambda pg: picker.update(pg.evaluate(PICKER)))
+    r: dict[str, Any] = {"picker": picker, "finals": wait_finals(page, 2, 90)}
     page.wait_for_timeout(300)
     r["lines"] = page.evaluate(LINES, "#rt-transcript")
     r["status"] = page.inner_text("#rt-status")
@@ -228,6 +246,78 @@ def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     return r
 
 
+def english(lines: list[str]) -> bool:
+    """Whether the last line has at least two of English's commonest short words (a wait condition only)."""
+    words = set(" ".join(lines[-1:]).lower().replace(",", " ").replace(".", " ").split())
+    return len(words & {"the", "of", "you", "and", "to", "a", "in", "is", "that", "for", "it", "if"}) >= 2
+
+
+def poll_file(page: Page, timeout: float) -> dict[str, Any]:
+    """The file tab's progress once it is done (or failed, or `timeout` passed)."""
+    deadline = time.monotonic() + timeout
+    s = page.evaluate(PROGRESS)
+    while time.monotonic() < deadline and s["state"] != "done" and not s["error"]:
+        page.wait_for_timeout(200)
+        s = page.evaluate(PROGRESS)
+    return s
+
+
+def language(p: Playwright, tmp: Path, mic: Path, upload: Path, requests: list[str], origins: list[str],
+             shots: Path) -> dict[str, Any]:
+    t0 = time.monotonic()
+    app = launch(tmp, "--model", "base", timeout=180)
+    origins.append(app.url)
+    marks: dict[str, float] = {"ready": round(time.monotonic() - t0, 1)}
+    try:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                    args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.on("request", lambda q: requests.append(q.url))
+        r: dict[str, Any] = {"marks": marks}
+
+        def pick_german(page: Page) -> None:
+            r["picker"] = page.evaluate(PICKER)
+            page.focus("#rt-language input")  # the keyboard: type over the value to filter, then pick the match
+            page.keyboard.press("ControlOrMeta+a")
+            page.keyboard.type("Germ")
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press("Enter")
+            page.keyboard.press("Tab")
+            page.wait_for_timeout(300)
+            r["chosen"] = page.evaluate(PICKER)
+            page.get_by_role("tab", name="File").click()  # before the live session: the file lane waits behind it
+            page.locator("#rt-file-input input[type=file]").set_input_files(str(upload))
+            r["file"] = poll_file(page, 90)
+            r["file_lines"] = page.evaluate(LINES, "#rt-file-text")
+            r["file_note"] = page.inner_text("#rt-file-language")
+            marks["file"] = round(time.monotonic() - t0, 1)
+            page.get_by_role("tab", name="Live").click()
+
+        page = start_live(context, app.url, pick_german)
+        page.on("websocket", lambda ws: requests.append(ws.url))
+        wait_finals(page, 2, 120)
+        page.wait_for_timeout(300)
+        r["german"] = page.evaluate(LINES, "#rt-transcript")
+        marks["german"] = round(time.monotonic() - t0, 1)
+        r["toggled_at"] = len(finals(page))
+        page.focus("#rt-translate input[type=checkbox]")
+        page.keyboard.press("Space")
+        r["toggled"] = page.evaluate(PICKER)
+        # segments queued before the toggle keep German: wait for a final that reads as English
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not english(finals(page)[r["toggled_at"]:][-1:]):
+            page.wait_for_timeout(200)
+        page.wait_for_timeout(300)
+        r["translated"] = page.evaluate(LINES, "#rt-transcript")
+        marks["translated"] = round(time.monotonic() - t0, 1)
+        page.screenshot(path=str(shots / "page-language.png"))
+        context.close()
+        browser.close()
+        return r
+    finally:
+        stop(app)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mic", type=Path, required=True, help="the fake microphone (16-bit WAV, looped)")
@@ -235,11 +325,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shots", type=Path, required=True, help="folder for the README's screenshots")
     ap.add_argument("--artifacts", type=Path, required=True, help="folder for the other screenshots")
+    ap.add_argument("--language-mic", type=Path, help="the second browser's microphone (German, looped)")
+    ap.add_argument("--language-upload", type=Path, help="the recording its file tab is given (not German)")
     ap.add_argument("--only", nargs="*", help="run only these scenarios")
     a = ap.parse_args()
     results: dict[str, Any] = {"requests": [], "timings": {}}
     app = launch(a.out.parent)
     results["origin"] = app.url
+    results["origins"] = [app.url]  # and the second app's, where a scenario launches one
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
@@ -254,7 +347,11 @@ def main() -> None:
                 ("file", lambda: file_tab(browser, app, a.upload, results["requests"], a.shots)),
                 ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
                 ("drop", lambda: drop(context, app, a.artifacts)),
+                ("language", lambda: language(p, a.out.parent, a.language_mic, a.language_upload,
+                                              results["requests"], results["origins"], a.artifacts)),
             ):
+                if name == "language" and not a.language_mic:
+                    continue
                 if a.only and name not in a.only:
                     continue
                 t0 = time.monotonic()

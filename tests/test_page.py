@@ -2,7 +2,9 @@
 
 tests/page_check.py drives one launched app with one browser inside a network namespace that has only `lo`;
 the fake microphone loops real recordings from tests/data, and the file tab is given two real recordings joined
-into one FLAC. These tests read what it recorded.
+into one FLAC. Then a second app on the multilingual base model, with a second browser whose microphone loops
+two German recordings (tests/data/languages): the language picker and the translate toggle. These tests read
+what it recorded.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ import soundfile as sf
 from realtime.audio import SAMPLE_RATE, decode_file
 
 from conftest import ARTIFACTS, ROOT
-from real_speech import Compilation, clips, compilation, corpus_wer
+from real_speech import DATA, Clip, Compilation, clips, compilation, corpus_wer
 
 pytestmark = pytest.mark.timeout(420)
 MIC = ["jfk.flac", "librispeech-1272-141231-0002.flac", "speechbrain-spk1_snt1.flac", "ljspeech-LJ050-0131.flac"]
 UPLOAD = ["librivox-shakespeare-sonnet-001.flac", "librivox-shakespeare-sonnet-002.flac"]
 TIME = re.compile(r"^\d\d:\d\d\.\d → \d\d:\d\d\.\d$")
+LANGUAGES = DATA / "languages"
+GERMAN = ["fleurs-de-000.ogg", "fleurs-de-002.ogg"]
+FRENCH_UPLOAD = LANGUAGES / "fleurs-fr-002.ogg"
+ENGLISH_WORDS = {"the", "of", "you", "and", "to", "a", "in", "is", "that", "for", "it", "if", "we", "they", "on", "at",
+                 "have", "this", "be", "are"}
 
 
 def _words(text: str) -> list[str]:
@@ -44,6 +51,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
     tmp = tmp_path_factory.mktemp("page")
     by_name = {c.name: c for c in clips()}
     mic = compilation([by_name[n] for n in MIC], tmp / "mic.wav", gap=1.5)
+    with (LANGUAGES / "manifest.tsv").open() as f:
+        texts = dict(line.rstrip("\n").split("\t")[::2] for line in f)
+    german = compilation([Clip(LANGUAGES / n, texts[n], "de", 0.0, n) for n in GERMAN], tmp / "german.wav", gap=1.5)
     upload = tmp / "sonnets.flac"
     parts = [decode_file(by_name[n].path) for n in UPLOAD]
     sf.write(str(upload), np.concatenate([parts[0], np.zeros(SAMPLE_RATE // 2, np.float32), parts[1]]),
@@ -54,7 +64,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
         old.unlink()
     out = tmp / "result.json"
     check = [sys.executable, str(ROOT / "tests" / "page_check.py"), "--mic", str(mic.path), "--upload", str(upload),
-             "--out", str(out), "--shots", str(shots), "--artifacts", str(shots)]
+             "--out", str(out), "--shots", str(shots), "--artifacts", str(shots),
+             "--language-mic", str(german.path), "--language-upload", str(FRENCH_UPLOAD)]
     proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
                           cwd=ROOT, capture_output=True, text=True, timeout=400,
                           env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
@@ -62,6 +73,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
     r = json.loads(out.read_text())
     print(f"\nscenario seconds: {r['timings']}")
     reference = " ".join(by_name[n].text for n in UPLOAD)
+    r["german_reference"] = german.text
     return mic, reference, r
 
 
@@ -158,8 +170,48 @@ def test_dropped_connection_is_reported_and_transcript_kept(run: tuple[Compilati
 
 def test_page_requests_stay_on_its_own_server(run: tuple[Compilation, str, dict[str, Any]]) -> None:
     r = run[2]
-    origin = urlsplit(r["origin"])
-    assert r["requests"]
+    own = {(urlsplit(o).hostname, urlsplit(o).port) for o in r["origins"]}  # the app, and the base model's app
+    assert r["requests"] and len(own) == 2, r["origins"]
     outside = [u for u in r["requests"] if urlsplit(u).scheme not in ("data", "blob")
-               and (urlsplit(u).hostname, urlsplit(u).port) != (origin.hostname, origin.port)]
+               and (urlsplit(u).hostname, urlsplit(u).port) not in own]
     assert not outside, f"the page asked for other origins: {outside}"
+
+
+def _any_words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def test_language_picker_is_fixed_to_english_on_an_english_only_model(
+        run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    picker = _scenario(run[2], "live")["picker"]
+    assert picker["present"] and picker["visible"], picker
+    assert picker["value"] == "English (en)" and picker["disabled"], picker
+    assert not picker["translate"], f"tiny.en cannot translate: the toggle should not be shown: {picker}"
+
+
+def test_picked_language_and_translation_on_a_multilingual_model(
+        run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    """base on a German microphone: German picked with the keyboard, the lines German and labelled `de`; Translate
+    to English switched on mid-session turns the later lines English; an upload (French) is decoded in German."""
+    r = run[2]
+    s = _scenario(r, "language")
+    assert s["picker"]["value"] == "Detect" and not s["picker"]["disabled"] and s["picker"]["translate"], s["picker"]
+    assert s["chosen"]["value"] == "German (de)", s["chosen"]
+    german = set(_any_words(r["german_reference"]))
+    lines = [line for line in s["german"] if line["final"]]
+    assert len(lines) >= 2 and all(line["lang"] == "de" for line in lines), lines
+    heard = [w for line in lines for w in _any_words(line["final"])]
+    assert sum(w in german for w in heard) >= 0.6 * len(heard), f"not the German spoken: {lines}"
+
+    assert s["toggled"]["translating"], s["toggled"]
+    after = [line for line in s["translated"] if line["final"]]
+    n = s["toggled_at"]
+    assert [line["final"] for line in after[:n]] == [line["final"] for line in s["german"] if line["final"]][:n]
+    last = _any_words(after[-1]["final"])
+    assert len(after) > n and sum(w in ENGLISH_WORDS for w in last) >= 2, f"not translated: {after[n:]}"
+    assert sum(w in german for w in last) <= 0.3 * len(last), f"still German: {after[-1]}"
+
+    f = s["file"]
+    assert f["state"] == "done" and f["lines"], f
+    assert all(line["lang"] == "de" for line in s["file_lines"]), s["file_lines"]  # French, decoded as German
+    assert "German (de)" in s["file_note"], s["file_note"]
