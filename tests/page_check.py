@@ -295,7 +295,7 @@ def language(p: Playwright, tmp: Path, mic: Path, upload: Path, requests: list[s
 
         page = start_live(context, app.url, pick_german)
         page.on("websocket", lambda ws: requests.append(ws.url))
-        wait_finals(page, 2, 120)
+        wait_finals(page, 1, 120)
         page.wait_for_timeout(300)
         r["german"] = page.evaluate(LINES, "#rt-transcript")
         marks["german"] = round(time.monotonic() - t0, 1)
