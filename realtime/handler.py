@@ -1,8 +1,10 @@
-"""The FastRTC audio handler: one per WebRTC connection, bridging frames to a `TranscriptionSession`.
+"""The FastRTC audio handler: one per WebRTC connection, bridging frames to a `TranscriptionSession`; and
+`apply_page_inputs`, the page's language picker and translate toggle on a session.
 
-The page's other stream inputs (its language picker and translate toggle, `build_page`) reach the handler as
-fastrtc's `latest_args`: asked for once the connection is up (`wait_for_args`), sent again whenever the user
-changes them; each new set is applied to the session's options, so a change applies from the next segment.
+The page applies those itself (`build_page`: at the session's first event, speech started, before any decoding,
+and on each change, on the session the page's state names) rather than as stream inputs: fastrtc's inputs
+(`latest_args`, `wait_for_args`) add events on the WebRTC component with which the page sometimes lost its
+transcript after a stop and a new start.
 """
 
 from __future__ import annotations
@@ -20,10 +22,21 @@ from .service import TranscriptionService
 from .session import TranscriptionSession
 
 EMIT_WAIT = 0.5  # emit() must wait on something: an idle session wakes twice a second
-ARGS_WAIT = 10.0
-"""How long start_up waits for the page's inputs; a client that sends none (POST /webrtc/offer) keeps the app's."""
 DETECT = "detect"
 """The language picker's value for letting the model detect the language."""
+
+
+def apply_page_inputs(service: TranscriptionService, session: TranscriptionSession, language: Any,
+                      translate: Any) -> None:
+    """The page's (language, translate) on `session`: a language the engine does not take, or translation on an
+    engine that cannot, leaves the app's setting."""
+    engine = service.engine
+    chosen = service.settings.language
+    if language == DETECT:
+        chosen = None
+    elif isinstance(language, str) and language in engine.languages:
+        chosen = language
+    session.choose(chosen, "translate" if translate and engine.translates else "transcribe")
 
 
 class TranscriptionHandler(AsyncStreamHandler):
@@ -34,7 +47,6 @@ class TranscriptionHandler(AsyncStreamHandler):
         self.session: TranscriptionSession | None = None
         self._outbox: asyncio.Queue[Event] = asyncio.Queue()
         self._convert = FrameConverter()
-        self._applied: list[Any] | None = None
 
     def copy(self) -> TranscriptionHandler:
         return TranscriptionHandler(self.service)
@@ -49,37 +61,11 @@ class TranscriptionHandler(AsyncStreamHandler):
         if isinstance(event, PAGE_EVENTS):
             self._outbox.put_nowait(event)
 
-    def _apply_args(self) -> None:
-        """The page's latest (language, translate) on the session, if they changed: a language the engine does not
-        take, or translation on an engine that cannot, leaves the app's setting."""
-        args = self.latest_args
-        if args is self._applied or not args:
-            return
-        self._applied = args
-        values = args[2:] if args[0] == "__webrtc_value__" else args[1:]  # after the WebRTC component's own value
-        if len(values) < 2:
-            return
-        language, translate = values[0], values[1]
-        engine = self.service.engine
-        chosen = self.service.settings.language
-        if language == DETECT:
-            chosen = None
-        elif isinstance(language, str) and language in engine.languages:
-            chosen = language
-        task = "translate" if translate and engine.translates else "transcribe"
-        self._session().choose(chosen, task)
-
     async def start_up(self) -> None:
         self._session()
-        try:
-            await asyncio.wait_for(self.wait_for_args(), ARGS_WAIT)
-        except TimeoutError:
-            return
-        self._apply_args()
 
     async def receive(self, frame: tuple[int, np.ndarray]) -> None:
         sample_rate, samples = frame
-        self._apply_args()
         self._session().feed(self._convert(sample_rate, samples))
 
     async def emit(self) -> AdditionalOutputs | None:

@@ -1,8 +1,8 @@
 """The page: a live tab around fastrtc's `WebRTC` audio component, a file tab, and the HTML they render.
 
 The live tab has a language picker (Detect and the engine's languages; fixed to English on an English-only model)
-and, on a model that translates, a Translate to English toggle: both are inputs of the stream, so the handler
-applies them to the session (from the next segment when changed mid-session); uploads on the file tab are decoded in
+and, on a model that translates, a Translate to English toggle, applied to the live session at its first event and
+on every change (from the next segment when changed mid-session); uploads on the file tab are decoded in
 the picker's language too. It shows the session's transcript (time and, where the engine reports it, the spoken
 language per line), its downloads and a copy button; `?view=captions` restyles it as large captions of the last
 lines (assets/style.css, assets/app.js, which also says when the connection drops). The file tab sends an upload
@@ -28,7 +28,7 @@ from . import transcript as fmt
 from .access import session_token
 from .audio import AudioDecodeError
 from .engines import TranscribeOptions
-from .handler import DETECT, TranscriptionHandler
+from .handler import DETECT, TranscriptionHandler, apply_page_inputs
 from .service import TranscriptionService
 from .transcribe import SegmentStream, timed_entries, transcribe_results
 from .transcript import Entry, TranscriptSnapshot
@@ -387,22 +387,30 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
 
         audio.stream(
             TranscriptionHandler(service),
-            inputs=[audio, picker, translate],  # picker and toggle reach the handler as its latest_args
+            inputs=[audio],
             outputs=[audio],
             concurrency_limit=settings.concurrency_limit,
             time_limit=(settings.session_time_limit + TIME_LIMIT_BACKSTOP_S) if settings.session_time_limit else None,
         )
         turn.attach(audio)
 
-        def on_output(previous: str | None, event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
+        primed: set[str] = set()
+
+        def on_output(previous: str | None, language: str | None, translating: bool, event: dict[str, Any],
+                      session_id: str) -> tuple[str, str, str, str]:
+            if session_id not in primed and (session := service.sessions.get(session_id)) is not None:
+                primed.intersection_update(service.sessions)
+                primed.add(session_id)  # its first event (speech started): the inputs as the stream started
+                apply_page_inputs(service, session, language, translating)
             transcripts.carry_on(previous, session_id)
             transcripts.note(session_id, event)
             joined = transcripts.joined(session_id)
             page_html = render_transcript(*joined) if joined else render_transcript(None)
             return page_html, render_status(service, session_id, event), session_id, ""
 
-        # session_state is read when a stream starts: the page's last session, which a new one carries on from
-        audio.on_additional_outputs(on_output, inputs=[session_state],
+        # the inputs are read when a stream's outputs start: the page's last session, which a new one carries on
+        # from, and the picker and toggle as they were then (later changes: on_pick, on the session in session_state)
+        audio.on_additional_outputs(on_output, inputs=[session_state, picker, translate],
                                     outputs=[transcript, status, session_state, notice],
                                     concurrency_limit=None, queue=True)
 
@@ -412,8 +420,14 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
 
         upload.change(on_upload, inputs=[upload, picker], outputs=[file_progress, file_text, file_downloads],
                       concurrency_limit=settings.concurrency_limit, show_progress="hidden")
-        picker.change(lambda value: render_file_language(languages, value), inputs=[picker], outputs=[file_language],
-                      queue=False, show_progress="hidden")
+        def on_pick(session_id: str | None, language: str | None, translating: bool) -> str:
+            if session_id and (session := service.sessions.get(session_id)) is not None:
+                apply_page_inputs(service, session, language, translating)  # the live session: from the next job
+            return render_file_language(languages, language)
+
+        for control in (picker, translate):
+            control.change(on_pick, inputs=[session_state, picker, translate], outputs=[file_language], queue=False,
+                           show_progress="hidden")
         copy.click(None, js=COPY_JS)
 
         def on_load(request: gr.Request) -> str:
