@@ -52,6 +52,7 @@ from . import transcript as fmt
 from .access import bearer, is_key
 from .audio import AudioDecodeError
 from .engines import EngineUnavailable, TranscribeOptions, Transcription
+from .engines.base import unsupported_language
 from .engines.types import LANE_HEADER, Word
 from .service import TranscriptionService
 from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results
@@ -256,16 +257,12 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             raise _unavailable(f"the {engine.name} engine is not ready", 5, "engine_not_ready")
         return engine.describe()
 
-    def check_capabilities(params: Params, info: dict[str, Any]) -> None:
+    def check_capabilities(params: Params) -> None:
         """400 for what the engine and model cannot do, said plainly."""
         engine = service.engine
-        if params.language is not None and params.language not in engine.languages:
-            english = engine.languages == ("en",)
-            raise APIError(400, f"the model {info.get('model')} is English-only and cannot transcribe language "
-                                f"{params.language!r}; leave language out, or run a multilingual model (--model base)"
-                           if english else f"the model {info.get('model')} does not know language "
-                                           f"{params.language!r} (it knows {', '.join(engine.languages)})",
-                           "unsupported_language")
+        why = unsupported_language(params.language, engine) if params.language is not None else None
+        if why is not None:
+            raise APIError(400, why, "unsupported_language")
         if params.words and not engine.word_timestamps:
             raise APIError(400, f"the {engine.name} engine cannot give word timestamps (Whisper's word alignment "
                                 "needs the model's cross-attention, which it does not return); leave out "
@@ -486,7 +483,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                     raise _no_space(exc) from None
                 raise
             params = _parse_params(fields)
-            check_capabilities(params, info)
+            check_capabilities(params)
             await asyncio.to_thread(_check_audio, path, declared)
             live = lane_hints and request.headers.get(LANE_HEADER, "").strip().lower() == "final"
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]

@@ -64,6 +64,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from .access import bearer, is_key
 from .audio import SAMPLE_RATE, FrameConverter
 from .engines import Engine, Transcription
+from .engines.base import unsupported_language
 from .events import ClosedEvent, ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
 from .service import TranscriptionService
 from .session import TranscriptionSession
@@ -186,18 +187,6 @@ def _dict(value: Any, param: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise EventError(f"{param} must be an object", "invalid_type", param)
     return value
-
-
-def unsupported_language(language: str, engine: Engine) -> str | None:
-    """Why the engine's model cannot transcribe `language` (as the HTTP API says it), or None when it can."""
-    languages = engine.languages
-    if language in languages:
-        return None
-    model = engine.describe().get("model")
-    if tuple(languages) == ("en",):
-        return (f"the model {model} is English-only and cannot transcribe language {language!r}; leave language "
-                "out, or run a multilingual model (--model base)")
-    return f"the model {model} does not know language {language!r} (it knows {', '.join(languages)})"
 
 
 def apply_update(config: Config, session: Any, audio_started: bool, engine: Engine | None = None) -> Config:
@@ -754,10 +743,6 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
             live.add(slot)
         return slot
 
-    def limited(exc: OfferError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
     def default_config() -> Config:
         return Config(language=settings.language, threshold=base.threshold, prefix_padding_ms=base.pad_before_ms,
                       silence_duration_ms=base.min_silence_ms)
@@ -884,7 +869,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
         try:
             slot = admit(request)
         except OfferError as exc:
-            return limited(exc)
+            return exc.response()
         kept = False
         try:
             response = await open_call(request, slot)
@@ -952,7 +937,7 @@ def create_realtime_router(service: TranscriptionService) -> APIRouter:
         try:
             admit(request, minting)  # a secret holds no session: only the per-minute cap
         except OfferError as exc:
-            return limited(exc)
+            return exc.response()
         if settings.api_key and not is_key(bearer(request.headers.get("authorization", "")), settings.api_key):
             return fail(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
         try:

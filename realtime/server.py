@@ -144,8 +144,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
                 if body["webrtc_id"] not in webrtc.connections and body["webrtc_id"] not in webrtc.pcs:
                     clients.admit(clients.client(request), body["webrtc_id"], webrtc.pcs)
         except OfferError as exc:
-            headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-            return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+            return exc.response()
         # a token only for an id never seen: reusing a live or closed session's id must not open its transcript
         new = (body.get("type") != "ice-candidate" and body["webrtc_id"] not in webrtc.pcs
                and service.snapshot(body["webrtc_id"]) is None)

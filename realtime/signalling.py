@@ -23,6 +23,7 @@ from collections.abc import Collection
 from typing import Any
 
 from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse
 
 MAX_MEDIA_SECTIONS = 8
 _LINE = re.compile(r"^[a-z]=.*$")
@@ -39,6 +40,10 @@ class OfferError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": self.param}}
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 async def read_offer(request: Request, limit: int) -> dict[str, Any]:

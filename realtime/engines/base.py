@@ -87,6 +87,19 @@ def english_only(model_name: str) -> bool:
     return re.search(r"\.en\b", model_name) is not None
 
 
+def unsupported_language(language: str, engine: Engine) -> str | None:
+    """Why the engine's model cannot transcribe `language`, said plainly, or None when it can (the HTTP and the
+    Realtime API refuse such a request with this message)."""
+    languages = engine.languages
+    if language in languages:
+        return None
+    model = engine.describe().get("model")
+    if tuple(languages) == ("en",):
+        return (f"the model {model} is English-only and cannot transcribe language {language!r}; leave language "
+                "out, or run a multilingual model (--model base)")
+    return f"the model {model} does not know language {language!r} (it knows {', '.join(languages)})"
+
+
 def as_clip(audio: np.ndarray) -> np.ndarray:
     """The samples as a 1-D float32 array; anything but mono audio is an error."""
     clip = np.asarray(audio, dtype=np.float32)
@@ -221,4 +234,4 @@ class EngineBase:
 
 
 __all__ = ["MAX_CLIP_S", "WHISPER_LANGUAGES", "Engine", "EngineBase", "EngineError", "EngineUnavailable", "TimedText",
-           "TranscribeOptions", "Transcription", "as_clip", "english_only"]
+           "TranscribeOptions", "Transcription", "as_clip", "english_only", "unsupported_language"]
