@@ -1,5 +1,5 @@
 """The FastRTC audio handler: one per WebRTC connection, bridging frames to a `TranscriptionSession`; and
-`apply_page_inputs`, the page's language picker and translate toggle on a session.
+`apply_page_inputs` (with `picked_language`), the page's language picker and translate toggle on a session.
 
 The page applies those itself (`build_page`: at the session's first event, speech started, before any decoding,
 and on each change, on the session the page's state names) rather than as stream inputs: fastrtc's inputs
@@ -26,16 +26,19 @@ DETECT = "detect"
 """The language picker's value for letting the model detect the language."""
 
 
+def picked_language(engine_languages: tuple[str, ...], value: Any, default: str | None) -> str | None:
+    """The language code a picker value asks for (None: detect); a value the engine does not take: `default`."""
+    if value == DETECT:
+        return None
+    return value if isinstance(value, str) and value in engine_languages else default
+
+
 def apply_page_inputs(service: TranscriptionService, session: TranscriptionSession, language: Any,
                       translate: Any) -> None:
     """The page's (language, translate) on `session`: a language the engine does not take, or translation on an
     engine that cannot, leaves the app's setting."""
     engine = service.engine
-    chosen = service.settings.language
-    if language == DETECT:
-        chosen = None
-    elif isinstance(language, str) and language in engine.languages:
-        chosen = language
+    chosen = picked_language(engine.languages, language, service.settings.language)
     session.choose(chosen, "translate" if translate and engine.translates else "transcribe")
 
 

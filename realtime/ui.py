@@ -28,7 +28,7 @@ from . import transcript as fmt
 from .access import session_token
 from .audio import AudioDecodeError
 from .engines import TranscribeOptions
-from .handler import DETECT, TranscriptionHandler, apply_page_inputs
+from .handler import DETECT, TranscriptionHandler, apply_page_inputs, picked_language
 from .service import TranscriptionService
 from .transcribe import SegmentStream, timed_entries, transcribe_results
 from .transcript import Entry, TranscriptSnapshot
@@ -131,13 +131,6 @@ def language_choices(engine_languages: tuple[str, ...]) -> list[tuple[str, str]]
     """The picker's (label, value) pairs: Detect (on a model that detects), then the engine's languages by name."""
     named = sorted((f"{LANGUAGE_NAMES.get(code, code)} ({code})", code) for code in engine_languages)
     return named if len(engine_languages) == 1 else [("Detect", DETECT), *named]
-
-
-def picked_language(engine_languages: tuple[str, ...], value: str | None, default: str | None) -> str | None:
-    """The language code a picker value asks for (None: detect); a value the engine does not take: `default`."""
-    if value == DETECT:
-        return None
-    return value if value in engine_languages else default
 
 
 def render_file_language(engine_languages: tuple[str, ...], value: str | None) -> str:
