@@ -42,6 +42,8 @@ class Settings:
     cpu_threads: int = _opt("threads for the embedded engine (0: all cores)", default=0)
     beam_size: int = _opt("embedded engine: beam size for final transcripts (partials are greedy)", default=1)
     language: str | None = _opt("language code; empty to detect (English-only models use English)", default=None)
+    word_times: bool = _opt("live finals carry each word's times, on engines that align words (the JSON download, "
+                            "events, subtitles cut per line); off saves the alignment pass", default=True)
     vad_threshold: float = _opt("speech probability that starts a segment", default=VADConfig.threshold)
     vad_neg_threshold: float = _opt("lower probability under which silence is counted", default=VADConfig.neg_threshold)
     vad_min_speech_ms: int = _opt("shortest speech kept as a segment (ms)", default=VADConfig.min_speech_ms)

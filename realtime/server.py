@@ -5,8 +5,8 @@ Routes besides the page:
   oversized or too frequent offers are refused (realtime/signalling.py).
 - `GET /webrtc/rtc-configuration`: the ICE servers (fresh TURN credentials) a client should use, as the page gets them.
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
-- `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far. With `--api-key`, both transcript
-  routes need the key or the session's token (realtime/access.py).
+- `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far (`?max_line_chars=N`: srt/vtt cues cut
+  at word times). With `--api-key`, both transcript routes need the key or the session's token (realtime/access.py).
 - `GET /health`: engine, model, readiness and queue figures.
 - `GET /metrics`: Prometheus metrics (realtime/metrics.py).
 - `GET /health/live` (200 while the process serves) and `GET /health/ready` (503 while the engine loads or its
@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from . import transcript as fmt
 from .access import allowed, session_token
-from .api import create_router
+from .api import MAX_LINE_CHARS, MIN_LINE_CHARS, create_router
 from .config import Settings, parse_settings
 from .ice import use_loopback_only
 from .limits import SessionLimits
@@ -44,16 +44,17 @@ from .realtime_api import create_realtime_router
 from .service import TranscriptionService
 from .shutdown import GRACEFUL_HTTP_S, Drain, GracefulServer
 from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
+from .transcript import TranscriptSnapshot
 from .turn import Turn, TurnError
 from .ui import PageTranscripts, build_page
 
 log = logging.getLogger("realtime")
 
-_FORMATS = {
-    "txt": ("text/plain; charset=utf-8", lambda s: fmt.to_text(s.entries) + "\n"),
-    "srt": ("application/x-subrip; charset=utf-8", lambda s: fmt.to_srt(s.entries)),
-    "vtt": ("text/vtt; charset=utf-8", lambda s: fmt.to_vtt(s.entries)),
-    "json": ("application/json", lambda s: fmt.to_json(s.entries)),
+_FORMATS: dict[str, tuple[str, Callable[[TranscriptSnapshot, int | None], str]]] = {
+    "txt": ("text/plain; charset=utf-8", lambda s, _: fmt.to_text(s.entries) + "\n"),
+    "srt": ("application/x-subrip; charset=utf-8", lambda s, n: fmt.to_srt(s.entries, n)),
+    "vtt": ("text/vtt; charset=utf-8", lambda s, n: fmt.to_vtt(s.entries, n)),
+    "json": ("application/json", lambda s, _: fmt.to_json(s.entries)),
 }
 
 
@@ -184,8 +185,13 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         snapshot = transcripts.snapshot(webrtc_id)  # after the page's earlier sessions that it carries on from
         if snapshot is None:
             return _error(404, f"no transcript for session {webrtc_id}", "unknown_session")
+        raw_line = request.query_params.get("max_line_chars", "").strip()
+        if raw_line and (ext not in ("srt", "vtt") or not raw_line.isdigit()
+                         or not MIN_LINE_CHARS <= int(raw_line) <= MAX_LINE_CHARS):
+            return _error(422, f"max_line_chars works with .srt and .vtt and is a whole number from {MIN_LINE_CHARS} "
+                               f"to {MAX_LINE_CHARS} (got {raw_line!r})", "invalid_max_line_chars")
         media, render = _FORMATS[ext]
-        return PlainTextResponse(render(snapshot), media_type=media)
+        return PlainTextResponse(render(snapshot, int(raw_line) if raw_line else None), media_type=media)
 
     @app.get("/health")
     async def health() -> Any:

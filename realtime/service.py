@@ -80,6 +80,7 @@ class TranscriptionService:
             partial_interval=s.partial_interval,
             partial_interval_max=s.partial_interval_max,
             language=s.language,
+            word_timestamps=s.word_times and self.engine.word_timestamps,
         )
         self.sessions[session_id] = session
         log.info("session %s opened (%d live)", session_id, len(self.sessions))

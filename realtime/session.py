@@ -61,6 +61,7 @@ class TranscriptionSession:
         partial_interval: float = 0.5,
         partial_interval_max: float = 2.0,
         language: str | None = None,
+        word_timestamps: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = session_id
@@ -69,7 +70,7 @@ class TranscriptionSession:
         self.segmenter = Segmenter(vad_config, vad_model)
         self.partial_interval = partial_interval
         self.partial_interval_max = partial_interval_max
-        self.options = TranscribeOptions(language=language)
+        self.options = TranscribeOptions(language=language, word_timestamps=word_timestamps)
         self.clock = clock
         self.transcript = Transcript()
         self.closed = False

@@ -6,6 +6,8 @@ Sources and licences are in tests/data/README.md. `quiet_copy` makes the quiet-m
 
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,3 +35,16 @@ def quiet_copy(clip: Clip, path: Path, peak_dbfs: float = -45.0) -> Path:
 
 __all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "loops", "quiet_copy",
            "wer"]
+
+
+def norm_word(word: str) -> str:
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+def matched_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> list[tuple[float, float]]:
+    """(our start, their start) of every word both transcripts have at the same place in the text."""
+    a, b = [norm_word(w) for w, _ in ours], [norm_word(w) for w, _ in theirs]
+    pairs = []
+    for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
+        pairs += [(ours[block.a + k][1], theirs[block.b + k][1]) for k in range(block.size) if a[block.a + k]]
+    return pairs

