@@ -276,8 +276,11 @@ class EmbeddedEngine(EngineBase):
             languages = ["en"] * len(audios)
         elif language:
             languages = [language] * len(audios)
-        else:
-            languages = [r[0][0][2:-2] for r in m.model.detect_language(encoded)]
+        else:  # a final's language is told from a whole 30 s window, as Whisper was trained and faster-whisper does
+            if full is None and not options.partial:
+                full = self._features(feats, MAX_FRAMES)
+            told = encoded if full is None or full is batch else self._encode(full)
+            languages = [r[0][0][2:-2] for r in m.model.detect_language(told)]
         prompts, tokenizers = [], []
         for lang in languages:
             tok = self._tokenizer(lang, task)
