@@ -73,6 +73,20 @@ MAX_PROMPT_CHARS = 4000
 MIN_LINE_CHARS, MAX_LINE_CHARS = 10, 200
 
 
+def line_chars(raw: str | None, fmt_: str, formats: str) -> int | None:
+    """`max_line_chars` (srt/vtt cues cut at word times), or None when not given; 422 for a bad number or for a
+    format other than srt and vtt (`formats` names them as the route spells them)."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not MIN_LINE_CHARS <= int(raw) <= MAX_LINE_CHARS:
+        raise APIError(422, f"max_line_chars must be a whole number from {MIN_LINE_CHARS} to {MAX_LINE_CHARS} "
+                            f"(got {raw!r})", "invalid_max_line_chars")
+    if fmt_ not in ("srt", "vtt"):
+        raise APIError(422, f"max_line_chars works with {formats}", "invalid_max_line_chars")
+    return int(raw)
+
+
 class APIError(Exception):
     """An error answered in OpenAI's shape."""
 
@@ -165,15 +179,7 @@ def _parse_params(fields: dict[str, str]) -> Params:
     model = (fields.get("model") or "").strip() or None
     if model is not None and len(model) > 256:
         raise APIError(422, "model name too long", "invalid_model")
-    max_line: int | None = None
-    raw_line = (fields.get("max_line_chars") or "").strip()
-    if raw_line:
-        if not raw_line.isdigit() or not MIN_LINE_CHARS <= int(raw_line) <= MAX_LINE_CHARS:
-            raise APIError(422, f"max_line_chars must be a whole number from {MIN_LINE_CHARS} to {MAX_LINE_CHARS} "
-                                f"(got {raw_line!r})", "invalid_max_line_chars")
-        if fmt_ not in ("srt", "vtt"):
-            raise APIError(422, "max_line_chars works with response_format srt or vtt", "invalid_max_line_chars")
-        max_line = int(raw_line)
+    max_line = line_chars(fields.get("max_line_chars"), fmt_, "response_format srt or vtt")
     return Params(fmt_, stream, language, prompt, temperature, model,
                   words="word" in granularities or max_line is not None, max_line_chars=max_line)
 

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from . import transcript as fmt
 from .access import allowed, session_token
-from .api import MAX_LINE_CHARS, MIN_LINE_CHARS, create_router
+from .api import APIError, create_router, line_chars
 from .config import Settings, parse_settings
 from .ice import use_loopback_only
 from .limits import SessionLimits
@@ -185,13 +185,12 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         snapshot = transcripts.snapshot(webrtc_id)  # after the page's earlier sessions that it carries on from
         if snapshot is None:
             return _error(404, f"no transcript for session {webrtc_id}", "unknown_session")
-        raw_line = request.query_params.get("max_line_chars", "").strip()
-        if raw_line and (ext not in ("srt", "vtt") or not raw_line.isdigit()
-                         or not MIN_LINE_CHARS <= int(raw_line) <= MAX_LINE_CHARS):
-            return _error(422, f"max_line_chars works with .srt and .vtt and is a whole number from {MIN_LINE_CHARS} "
-                               f"to {MAX_LINE_CHARS} (got {raw_line!r})", "invalid_max_line_chars")
+        try:
+            max_line = line_chars(request.query_params.get("max_line_chars"), ext, ".srt and .vtt")
+        except APIError as exc:
+            return exc.response()
         media, render = _FORMATS[ext]
-        return PlainTextResponse(render(snapshot, int(raw_line) if raw_line else None), media_type=media)
+        return PlainTextResponse(render(snapshot, max_line), media_type=media)
 
     @app.get("/health")
     async def health() -> Any:

@@ -33,8 +33,6 @@ def quiet_copy(clip: Clip, path: Path, peak_dbfs: float = -45.0) -> Path:
     return path
 
 
-__all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "loops", "quiet_copy",
-           "wer"]
 
 
 def norm_word(word: str) -> str:
@@ -48,3 +46,7 @@ def matched_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]
     for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
         pairs += [(ours[block.a + k][1], theirs[block.b + k][1]) for k in range(block.size) if a[block.a + k]]
     return pairs
+
+
+__all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "loops", "matched_starts",
+           "norm_word", "quiet_copy", "wer"]

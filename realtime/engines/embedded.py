@@ -339,7 +339,8 @@ class EmbeddedEngine(EngineBase):
             todo = retry
             if not todo:
                 break
-        for i, words in self._align(decoded, tokenizers, [min(f.shape[1], MAX_FRAMES) for f in feats]).items():
+        aligned = self._align(decoded, tokenizers, [min(f.shape[1], MAX_FRAMES) for f in feats]) if decoded else {}
+        for i, words in aligned.items():
             t = out[i]
             if t is not None:
                 out[i] = dataclasses.replace(t, segments=(TimedText(0.0, t.duration, t.text,
