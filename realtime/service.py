@@ -15,6 +15,7 @@ from typing import Any
 from .config import Settings
 from .engines import Engine, create_engine
 from .events import Event
+from .memory import IdleTrim
 from .session import TranscriptionSession
 from .transcript import TranscriptSnapshot
 from .vad import SileroVAD, VADConfig
@@ -36,6 +37,7 @@ class TranscriptionService:
         self.ready = False
         self.error: str | None = None
         self.started_at = time.time()
+        self.idle_trim = IdleTrim()
 
     async def start(self) -> None:
         try:
@@ -51,12 +53,14 @@ class TranscriptionService:
             self.close_session(sid)
         if self.worker is not None:
             await self.worker.stop()
+        self.idle_trim.cancel()
         await self.engine.close()
 
     def _ensure_worker(self) -> Worker:
         if self.worker is None:  # first session on a loop where start() was not awaited
             self.worker = Worker(self.engine, batch_size=self.engine.max_batch_size,
                                  max_pending_audio_s=self.settings.max_pending_audio_s)
+            self.worker.on_idle = self.idle_trim
             self.worker.start()
         return self.worker
 

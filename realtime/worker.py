@@ -73,6 +73,8 @@ class Worker:
         self._running: list[Job] = []
         self.on_batch: Callable[[int, float], None] | None = None
         """Called after each engine batch with its size and seconds (realtime/metrics.py)."""
+        self.on_idle: Callable[[], None] | None = None
+        """Called on the event loop each time the queue empties (realtime/memory.py)."""
 
     # -- lifecycle
     def start(self) -> None:
@@ -261,3 +263,5 @@ class Worker:
                             self.stats.partials += 1
                         job.future.set_result(result)
                 await asyncio.sleep(0)
+            if self.on_idle is not None:
+                self.on_idle()

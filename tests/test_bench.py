@@ -50,14 +50,14 @@ def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
 
 
 def test_bench_soak_samples_memory_fds_and_latency(tmp_path):
-    """A short soak (the CI version of the hour-long one): 2 clients, 1 minute, real speech from tests/data."""
-    out = bench("soak", "--minutes", "1", "--clients", "2", "--out", str(tmp_path))
+    """A short soak (the CI version of the hour-long one): 2 clients, 3 minutes, real speech from tests/data."""
+    out = bench("soak", "--minutes", "3", "--clients", "2", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench-soak.json").read_text())
     s = doc["summary"]
-    assert doc["clients"] == 2 and doc["minutes"] == 1 and "real utterances" in doc["input"]
+    assert doc["clients"] == 2 and doc["minutes"] == 3 and "real utterances" in doc["input"]
     assert s["lost_segments"] == 0 and s["failed_rounds"] == 0 and s["errors"] == 0, s
-    assert s["rounds"] >= 2 and s["finals"] >= 10 and s["wer"] <= 0.3
+    assert s["rounds"] >= 6 and s["finals"] >= 30 and s["wer"] <= 0.3
     assert len(doc["samples"]) >= 8 and all({"minute", "rss_mb", "fds", "final_p95", "load"} <= set(x)
                                              for x in doc["samples"])
     assert 100 < s["rss_after_warmup_mb"] and s["rss_end_mb"] and s["rss_growth_after_warmup_pct"] is not None

@@ -7,9 +7,12 @@ import asyncio
 import numpy as np
 import pytest
 
+from realtime.audio import decode_file
 from realtime.engines import EngineError, TranscribeOptions
+from realtime.memory import malloc_trim
 from realtime.worker import Job, Overloaded, Worker
 
+from real_speech import clips as real_clips
 from speech import SENTENCES, sentence_audio, wer
 
 
@@ -99,3 +102,57 @@ def test_engine_error_reaches_the_job_and_the_worker_goes_on(engine, clips):
     bad, good = asyncio.run(scenario())
     assert isinstance(bad, EngineError)
     assert wer(SENTENCES[1], good.text) <= 0.3
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(malloc_trim is None, reason="malloc_trim is glibc's; this C library keeps no such heaps")
+def test_memory_freed_by_a_busy_spell_goes_back_to_the_system_once_the_queue_empties(engine):
+    """Batches of real speech through the service's worker, then idle: what glibc kept of the batches' memory has
+    been returned (a malloc_trim of our own afterwards finds next to nothing left), each busy spell trimmed once."""
+    from realtime.config import Settings
+    from realtime.service import TranscriptionService
+
+    audio = [decode_file(c.path) for c in real_clips({"short", "read"}, longest=12.0)[:16]]
+
+    async def scenario():
+        service = TranscriptionService(Settings(), engine=engine)
+        service.idle_trim.min_interval_s = 0.5
+        await service.start()
+        worker = service.file_worker()
+        for _spell in range(2):
+            for start in range(0, len(audio), worker.batch_size):
+                jobs = [Job("file", i, a, "file") for i, a in enumerate(audio[start:start + worker.batch_size])]
+                await asyncio.gather(*(worker.submit(j) for j in jobs))
+            await asyncio.sleep(1.5)  # idle: the trailing trim runs, in a thread
+        kept = _rss_mb()
+        malloc_trim(0)
+        left = kept - _rss_mb()
+        trims = service.idle_trim.trims
+        await service.stop()
+        return kept, left, trims
+
+    kept, left, trims = asyncio.run(scenario())
+    print(f"RSS after the worker went idle {kept:.0f} MB; a further malloc_trim released {left:.1f} MB; {trims} trims")
+    assert 2 <= trims <= 6, "one trim per busy spell, throttled while busy"
+    assert left < 10, f"{left:.0f} MB of freed memory was still held by the C library after the queue emptied"
+
+
+def test_the_idle_hook_runs_each_time_the_queue_empties(engine):
+    async def scenario():
+        worker = Worker(engine, batch_size=2)
+        idle: list[int] = []
+        worker.on_idle = lambda: idle.append(worker.stats.finals)
+        worker.start()
+        silence = np.zeros(16000, dtype=np.float32)
+        await asyncio.gather(*(worker.submit(Job("s", i, silence, "final")) for i in range(3)))
+        await asyncio.sleep(0.1)
+        await worker.submit(Job("s", 3, silence, "final"))
+        await asyncio.sleep(0.1)
+        await worker.stop()
+        return idle
+
+    assert asyncio.run(scenario()) == [3, 4]
