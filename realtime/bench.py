@@ -4,6 +4,7 @@
     python -m realtime bench stream [--audio FILE --text REFERENCE | --audio MANIFEST.tsv] [--clients 1,2,4,8,16]
     python -m realtime bench quant  [--audio MANIFEST.tsv] [--vllm base]
     python -m realtime bench soak   --minutes M --clients N [--audio FILE --text REFERENCE] [--url URL --pid PID]
+    python -m realtime bench pool   [--autoscale 1:3] [--clients 1,2,4,8] [--beside-embedded]  (realtime/bench_pool.py)
 
 All take --out DIR. A manifest is tests/data/manifest.tsv's format: real clips with their reference texts.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -305,12 +307,13 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- stream
-def _launch(port: int, limit: int) -> subprocess.Popen[bytes]:
+def _launch(port: int, limit: int, *extra: str) -> subprocess.Popen[bytes]:
+    """The app on loopback (the embedded engine unless `extra` says otherwise), once it reports ready."""
     import httpx
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback",
-                             "--concurrency-limit", str(limit), "--log-level", "WARNING"],
+                             "--concurrency-limit", str(limit), "--log-level", "WARNING", *extra],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
@@ -408,9 +411,41 @@ def _lost(events: list[dict[str, Any]], spans: list[tuple[float, float]]) -> int
     return sum(not any(a - 0.3 <= e["audio_end"] <= b + 0.6 for e in finals) for a, b in spans)
 
 
-def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
+def _round_row(speeches: list[Any], results: list[Any]) -> dict[str, Any]:
+    """Latency, WER and losses of one round of live clients (`_stream_round`'s results, one per speech)."""
     from .corpus import loops
 
+    finals_lat, server_lat, first, intervals, refs, hyps, lost, failed = [], [], [], [], [], [], 0, 0
+    looped = 0
+    for s, r in zip(speeches, results, strict=True):
+        if isinstance(r, BaseException):
+            failed += 1
+            lost += len(s.texts)
+            continue
+        fin = [e for e in r.events if e["type"] == "final"]
+        finals_lat += [e["t"] - e["audio_end"] for e in fin]
+        server_lat += [e["latency"] for e in fin if e.get("latency") is not None]
+        seen: set[int] = set()
+        for e in r.events:
+            if e["type"] == "partial" and e["segment"] not in seen:
+                seen.add(e["segment"])
+                first.append(e["t"] - e["start"])
+        intervals += _partial_intervals(r.events)
+        lost += _lost(r.events, s.spans)
+        looped += len(loops([e["text"] for e in fin]))
+        refs.append(s.text)
+        hyps.append(" ".join(e["text"] for e in fin))
+    return {
+        "final_p50": _pct(finals_lat, 50), "final_p95": _pct(finals_lat, 95),
+        "final_max": _pct(finals_lat, 100), "server_final_p95": _pct(server_lat, 95),
+        "first_partial_p50": _pct(first, 50),
+        "partial_interval_p50": _pct(intervals, 50),
+        "wer": round(wer(" ".join(refs), " ".join(hyps)), 4) if any(refs) else None,
+        "lost_segments": lost, "failed_clients": failed, "loops": looped,
+    }
+
+
+def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     clients = [int(c) for c in args.clients.split(",")]
@@ -433,36 +468,9 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
                 wall = time.monotonic() - t0
                 cores = ((_cpu_seconds(pid) - c0) / wall) if pid else None
                 client_cores = (_cpu_seconds(os.getpid()) - own0) / wall
-                finals_lat, server_lat, first, intervals, refs, hyps, lost, failed = [], [], [], [], [], [], 0, 0
-                looped = 0
-                for s, r in zip(speeches[:n], results, strict=True):
-                    if isinstance(r, BaseException):
-                        failed += 1
-                        lost += len(s.texts)
-                        continue
-                    fin = [e for e in r.events if e["type"] == "final"]
-                    finals_lat += [e["t"] - e["audio_end"] for e in fin]
-                    server_lat += [e["latency"] for e in fin if e.get("latency") is not None]
-                    seen: set[int] = set()
-                    for e in r.events:
-                        if e["type"] == "partial" and e["segment"] not in seen:
-                            seen.add(e["segment"])
-                            first.append(e["t"] - e["start"])
-                    intervals += _partial_intervals(r.events)
-                    lost += _lost(r.events, s.spans)
-                    looped += len(loops([e["text"] for e in fin]))
-                    refs.append(s.text)
-                    hyps.append(" ".join(e["text"] for e in fin))
-                per_run.append({
-                    "final_p50": _pct(finals_lat, 50), "final_p95": _pct(finals_lat, 95),
-                    "final_max": _pct(finals_lat, 100), "server_final_p95": _pct(server_lat, 95),
-                    "first_partial_p50": _pct(first, 50),
-                    "partial_interval_p50": _pct(intervals, 50),
-                    "wer": round(wer(" ".join(refs), " ".join(hyps)), 4) if any(refs) else None,
-                    "lost_segments": lost, "failed_clients": failed, "loops": looped,
-                    "cpu_cores": round(cores, 2) if cores is not None else None,
-                    "client_cpu_cores": round(client_cores, 2),
-                })
+                per_run.append({**_round_row(speeches[:n], results),
+                                "cpu_cores": round(cores, 2) if cores is not None else None,
+                                "client_cpu_cores": round(client_cores, 2)})
             row: dict[str, Any] = {"clients": n}
             for key in per_run[0]:
                 vals = [r[key] for r in per_run if r[key] is not None]
@@ -619,22 +627,31 @@ def bench_soak(args: argparse.Namespace) -> dict[str, Any]:
     stop = threading.Event()
 
     def sample() -> None:
-        done = 0
+        """A row per interval; RSS is read every few seconds and the row takes the median of the interval's
+        readings (one reading would fall by chance inside or outside an engine batch)."""
+        done, readings = 0, []
+        step = min(5.0, interval)
+        next_row = time.monotonic()
         while True:
             now = time.monotonic()
-            recent = [lat for t, lat in finals[done:]]
-            done = len(finals)
-            row: dict[str, Any] = {"minute": round((now - t_start) / 60, 2), "finals": len(recent),
-                                   "final_p95": _pct(recent, 95), "load": round(os.getloadavg()[0], 2),
-                                   "lost": sum(r["lost"] for r in rounds)}
             if pid:
-                try:
-                    row.update(rss_mb=round(_rss_mb(pid), 1), fds=_fds(pid))
-                except OSError:
-                    pass
-            samples.append(row)
-            print(json.dumps({"sample": row}), file=sys.stderr, flush=True)
-            if stop.wait(interval):
+                with contextlib.suppress(OSError):
+                    readings.append(_rss_mb(pid))
+            if now >= next_row:
+                next_row += interval
+                recent = [lat for t, lat in finals[done:]]
+                done = len(finals)
+                row: dict[str, Any] = {"minute": round((now - t_start) / 60, 2), "finals": len(recent),
+                                       "final_p95": _pct(recent, 95), "load": round(os.getloadavg()[0], 2),
+                                       "lost": sum(r["lost"] for r in rounds)}
+                if pid and readings:
+                    with contextlib.suppress(OSError):
+                        row.update(rss_mb=round(statistics.median(readings), 1), rss_min_mb=round(min(readings), 1),
+                                   rss_max_mb=round(max(readings), 1), fds=_fds(pid))
+                readings = []
+                samples.append(row)
+                print(json.dumps({"sample": row}), file=sys.stderr, flush=True)
+            if stop.wait(step):
                 return
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -939,6 +956,9 @@ def main(argv: list[str]) -> int:
     q.add_argument("--vllm", default="base", help="models for the vLLM KV-cache rows (model dtype vs fp8), "
                                                   "comma-separated (tiny.en, base); empty for none")
     q.add_argument("--out", default="bench-out")
+    from .bench_pool import add_parser as add_pool_parser
+
+    add_pool_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -950,6 +970,11 @@ def main(argv: list[str]) -> int:
         bench_stream(args)
     elif args.kind == "quant":
         bench_quant(args)
+    elif args.kind == "pool":
+        from .bench_pool import bench_pool
+
+        doc = bench_pool(args)
+        return 0 if doc["summary"]["lost_segments"] == 0 and doc["summary"]["back_down"] else 1
     elif args.kind == "soak":
         doc = bench_soak(args)
         return 0 if doc["summary"]["verdict"]["nothing_lost"] else 1
