@@ -567,25 +567,36 @@ def _soak_speech(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], 
 
 async def _soak_clients(url: str, path: Path, clients: int, seconds: float, on_round: Any,
                         finals: list[tuple[float, float]]) -> None:
-    """`clients` clients, each streaming the recording again and again (in real time) until `seconds` are over."""
+    """`clients` clients, each streaming the recording again and again (in real time) until `seconds` are over.
+
+    Rounds start on a fixed schedule, one a period (a minute, or the recording's length and 10 s if longer), each
+    client a little after the one before: the load keeps one shape for the whole run, so its first and last
+    minutes compare. (A client that started its next round as soon as the last one ended drifted against the
+    others: once their speech lined up, every utterance shared the engine with three others for the rest of
+    the run.) A round that overruns its slot is followed at the next one."""
     from .client import stream_file
 
     duration = decode_file(path).size / SAMPLE_RATE
-    deadline = time.monotonic() + seconds
+    period = max(60.0, duration + 10.0)
+    start = time.monotonic()
+    deadline = start + seconds
 
     def record(event: dict[str, Any]) -> None:
         if event["type"] == "final":
             finals.append((time.monotonic(), event["t"] - event["audio_end"]))
 
     async def client(i: int) -> None:
-        await asyncio.sleep(i * min(1.5, duration / max(1, clients)))  # spread over the recording
-        while time.monotonic() < deadline:
+        offset = i * min(1.5, duration / max(1, clients))  # spread over the recording
+        slot = 0
+        while (at := start + offset + slot * period) < deadline:
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
             t0 = time.monotonic()
             try:
                 result: Any = await stream_file(url, path, ice_loopback=True, settle_timeout=30, on_event=record)
             except Exception as exc:  # a refused or broken stream: every utterance of the round is lost
                 result = exc
             on_round(i, t0, result)
+            slot = max(slot + 1, int((time.monotonic() - start - offset) // period) + 1)
 
     await asyncio.gather(*(client(i) for i in range(clients)))
 

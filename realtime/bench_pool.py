@@ -165,7 +165,7 @@ def bench_pool(args: argparse.Namespace) -> dict[str, Any]:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(8, 3.6))
-        end = max(idle_end, pool.counts[-1][0] if pool.counts else 0)
+        end = max(idle_end, pool.counts[-1][0] + 5 if pool.counts else 0)
         if pool.counts:
             ax.step([t for t, _ in pool.counts] + [end], [n for _, n in pool.counts] + [pool.counts[-1][1]],
                     where="post", label="replicas running", linewidth=2)
