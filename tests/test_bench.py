@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -57,7 +58,10 @@ def test_bench_soak_samples_memory_fds_and_latency(tmp_path):
     s = doc["summary"]
     assert doc["clients"] == 2 and doc["minutes"] == 3 and "real utterances" in doc["input"]
     assert s["lost_segments"] == 0 and s["failed_rounds"] == 0 and s["errors"] == 0, s
-    assert s["rounds"] >= 6 and s["finals"] >= 30 and s["wer"] <= 0.3
+    assert s["rounds"] >= 4 and s["finals"] >= 20 and s["wer"] <= 0.3
+    for client in (0, 1):  # rounds keep to a schedule of one a minute, whenever the last one ended
+        starts = [r["start_s"] for r in doc["rounds"] if r["client"] == client]
+        assert len(starts) >= 2 and all(b - a >= 59 for a, b in itertools.pairwise(starts)), starts
     assert len(doc["samples"]) >= 8 and all({"minute", "rss_mb", "fds", "final_p95", "load"} <= set(x)
                                              for x in doc["samples"])
     assert 100 < s["rss_after_warmup_mb"] and s["rss_end_mb"] and s["rss_growth_after_warmup_pct"] is not None
