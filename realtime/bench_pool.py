@@ -22,9 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .bench import _free_port, _launch, _machine, _percent, _round_row, _stream_round, _stream_speech, write_outputs
+from .bench import (
+    ROOT,
+    _free_port,
+    _launch,
+    _machine,
+    _percent,
+    _round_row,
+    _stream_round,
+    _stream_speech,
+    write_outputs,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 _REPLICAS = re.compile(r"^replicas: (\d+) at")
 
 
