@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import json
 import os
 import re
 import signal
@@ -105,6 +107,11 @@ def _steps(url: str, speeches: list[Any], clients: list[int], t0: float) -> list
 
 def bench_pool(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
+    if args.report:
+        doc = json.loads(Path(args.report).read_text())
+        doc["summary"]["scaling"] = _scaling(doc["replicas"], doc["steps"], doc["load"][1])
+        write_outputs(out, "pool", doc, _table(doc), lambda p: _chart(doc, p))
+        return doc
     out.mkdir(parents=True, exist_ok=True)
     clients = [int(c) for c in args.clients.split(",")]
     speeches, what = _stream_speech(args, out, max(clients))
@@ -136,63 +143,84 @@ def bench_pool(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             app.terminate()
             app.wait(15)
-    peak = max((n for _, n in pool.counts), default=None)
-    up = next((t for t, n in pool.counts if t >= load_start and n > lo), None)
-    down = next((t for t, n in pool.counts if up is not None and t > up and n == lo), None)
-    summary = {"max_replicas": peak, "scaled_up_s_after_load": round(up - load_start, 1) if up is not None else None,
-               "back_to_min_s_after_load": round(down - load_end, 1) if down is not None else None,
-               "back_down": back_down, "lost_segments": sum(s["lost_segments"] for s in steps),
-               "failed_clients": sum(s["failed_clients"] for s in steps)}
+    lost = sum(s["lost_segments"] for s in steps)
     doc = {"kind": "pool", "machine": _machine(), "input": what, "autoscale": args.autoscale,
            "target_ongoing_requests": args.target_ongoing_requests, "replicas": pool.counts,
-           "load": [load_start, load_end, idle_end], "steps": steps, "embedded": embedded, "summary": summary}
-    by_n = {r["clients"]: r for r in embedded}
+           "load": [load_start, load_end, idle_end], "steps": steps, "embedded": embedded,
+           "summary": {"max_replicas": max((n for _, n in pool.counts), default=None),
+                       "scaling": _scaling(pool.counts, steps, load_end), "back_down": back_down,
+                       "lost_segments": lost, "failed_clients": sum(s["failed_clients"] for s in steps)}}
+    write_outputs(out, "pool", doc, _table(doc), lambda p: _chart(doc, p))
+    return doc
+
+
+def _scaling(counts: list[tuple[float, int]], steps: list[dict[str, Any]], load_end: float) -> list[str]:
+    """Each change of the replica count after the load started, said against the step it came in."""
+    out = []
+    for (_, before), (t, n) in itertools.pairwise(counts):
+        step = next((s for s in steps if s["start_s"] <= t < s["end_s"]), None)
+        if step is not None:
+            out.append(f"{before} to {n} replicas {t - step['start_s']:.1f} s into the {step['clients']}-client step")
+        elif t >= load_end:
+            out.append(f"{before} to {n} replicas {t - load_end:.1f} s after the load stopped")
+    return out
+
+
+def _table(doc: dict[str, Any]) -> str:
+    by_n = {r["clients"]: r for r in doc["embedded"]}
 
     def cells(r: dict[str, Any] | None) -> str:
         if r is None:
             return "| | | |"
         return f"| {r['final_p50']} / {r['final_p95']} | {_percent(r['wer'])} | {r['lost_segments']} |"
 
-    lines = [f"| {s['clients']} | {_count_at(pool.counts, s['end_s'])} {cells(s)} {cells(by_n.get(s['clients']))[1:]}"
-             for s in steps]
-    table = (f"The engine pool under live load, {_machine()}: a pool autoscaled {args.autoscale} (target "
-             f"{args.target_ongoing_requests:g} ongoing requests per replica, one CTranslate2 thread each) behind a "
-             f"front end (`--engine remote`), each client playing {what} in real time; "
-             + ("beside an app on the embedded engine, same steps, same run. " if embedded else "")
-             + "Latency in seconds from the end of speech.\n\n"
-             "| clients | replicas at the step's end | pool final p50 / p95 | pool WER | pool lost | "
-             "embedded final p50 / p95 | embedded WER | embedded lost |\n|---|---|---|---|---|---|---|---|\n"
-             + "\n".join(lines)
-             + f"\n\nReplicas over time (s, count): {pool.counts}. Scaled up "
-             f"{summary['scaled_up_s_after_load']} s after the load started, back to {lo} "
-             f"{summary['back_to_min_s_after_load']} s after it stopped.\n")
+    lines = [f"| {s['clients']} | {_count_at(doc['replicas'], s['end_s'])} {cells(s)} "
+             f"{cells(by_n.get(s['clients']))[1:]}" for s in doc["steps"]]
+    return (f"The engine pool under live load, {doc['machine']}: a pool autoscaled {doc['autoscale']} (target "
+            f"{doc['target_ongoing_requests']:g} ongoing requests per replica, one CTranslate2 thread each) behind "
+            f"a front end (`--engine remote`), each client playing {doc['input']} in real time; "
+            + ("beside an app on the embedded engine, same steps, same run. " if doc["embedded"] else "")
+            + "Latency in seconds from the end of speech.\n\n"
+            "| clients | replicas at the step's end | pool final p50 / p95 | pool WER | pool lost | "
+            "embedded final p50 / p95 | embedded WER | embedded lost |\n|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(lines)
+            + f"\n\nReplicas over time (s, count): {doc['replicas']}. "
+            + "; ".join(doc["summary"]["scaling"]) + ".\n")
 
-    def chart(p: Path) -> None:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+def _chart(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
 
-        fig, ax = plt.subplots(figsize=(8, 3.6))
-        end = max(idle_end, pool.counts[-1][0] + 5 if pool.counts else 0)
-        if pool.counts:
-            ax.step([t for t, _ in pool.counts] + [end], [n for _, n in pool.counts] + [pool.counts[-1][1]],
-                    where="post", label="replicas running", linewidth=2)
-        cx, cy = [0.0], [0]
-        for s in steps:
-            cx += [s["start_s"], s["end_s"]]
-            cy += [s["clients"], 0]
-        ax.step([*cx, end], [*cy, 0], where="post", label="live clients", linestyle="--")
-        ax.set_xlabel("seconds since the pool started")
-        ax.set_ylabel("count")
-        ax.set_title(f"Pool autoscaled {args.autoscale} under live clients, {_machine()}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(p, dpi=100)
-        plt.close(fig)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-    write_outputs(out, "pool", doc, table, chart)
-    return doc
+    counts, steps = doc["replicas"], doc["steps"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    end = max(doc["load"][2], counts[-1][0] + 5 if counts else 0)
+    if counts:
+        ax.step([t for t, _ in counts] + [end], [n for _, n in counts] + [counts[-1][1]],
+                where="post", label="replicas running", linewidth=2)
+    cx, cy, last_end = [0.0], [0], 0.0
+    for s in steps:
+        if s["start_s"] > last_end + 1:  # a pause between steps: no clients
+            cx.append(last_end)
+            cy.append(0)
+        last_end = s["end_s"]
+        cx.append(s["start_s"])
+        cy.append(s["clients"])
+    if steps:
+        cx.append(steps[-1]["end_s"])
+        cy.append(0)
+    cx.append(end)
+    cy.append(0)
+    ax.step(cx, cy, where="post", label="live clients", linestyle="--")
+    ax.set_xlabel("seconds since the pool started")
+    ax.set_ylabel("count")
+    ax.set_title(f"Pool autoscaled {doc['autoscale']} under live clients, {doc['machine']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _count_at(counts: list[tuple[float, int]], t: float) -> int | None:
@@ -214,4 +242,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seconds", type=float, default=40.0, help="speech taken from a manifest (s): one step")
     p.add_argument("--cooldown", type=float, default=120.0, help="seconds to wait for the pool to scale back down")
     p.add_argument("--beside-embedded", action="store_true", help="the same steps against the embedded engine")
+    p.add_argument("--report", metavar="JSON", help="only write the table and chart again from a bench-pool.json")
     p.add_argument("--out", default="bench-out")

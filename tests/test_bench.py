@@ -71,3 +71,25 @@ def test_bench_soak_samples_memory_fds_and_latency(tmp_path):
     assert s["verdict"]["nothing_lost"]
     assert "RSS growth" in (tmp_path / "bench-soak.md").read_text()
     assert (tmp_path / "bench-soak.png").stat().st_size > 1000
+
+
+def test_bench_pool_report_says_each_scaling_against_the_step_it_came_in(tmp_path):
+    """The pool benchmark's report, written again from its JSON (`--report`): replica changes placed in the
+    load steps, the replica count at each step's end, the embedded engine's row beside the pool's."""
+    step = {"final_p50": 0.7, "final_p95": 1.2, "wer": 0.08, "lost_segments": 0, "failed_clients": 0}
+    doc = {"kind": "pool", "machine": "2 CPU cores", "input": "speech", "autoscale": "1:3",
+           "target_ongoing_requests": 2.0, "replicas": [[17.1, 1], [147.9, 2], [212.5, 3], [261.8, 1]],
+           "load": [23.7, 239.1, 262.1],
+           "steps": [{"clients": n, "start_s": a, "end_s": b, **step}
+                     for n, a, b in [(1, 23.7, 74.7), (2, 74.7, 125.7), (4, 125.7, 177.3), (8, 177.3, 239.1)]],
+           "embedded": [{"clients": 8, **step, "final_p95": 1.9}], "summary": {"lost_segments": 0, "back_down": True}}
+    (tmp_path / "in.json").write_text(json.dumps(doc))
+    subprocess.run([sys.executable, "-m", "realtime", "bench", "pool", "--report", str(tmp_path / "in.json"),
+                    "--out", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    table = (tmp_path / "bench-pool.md").read_text()
+    assert "1 to 2 replicas 22.2 s into the 4-client step; 2 to 3 replicas 35.2 s into the 8-client step; " \
+           "3 to 1 replicas 22.7 s after the load stopped" in table
+    rows = [r for r in table.splitlines() if r.startswith("| 4 ") or r.startswith("| 8 ")]
+    assert [c.strip() for c in rows[0].split("|")[1:-1]] == ["4", "2", "0.7 / 1.2", "8.0 %", "0", "", "", ""]
+    assert rows[1].startswith("| 8 | 3 | 0.7 / 1.2 |") and "0.7 / 1.9" in rows[1]
+    assert (tmp_path / "bench-pool.png").stat().st_size > 0
