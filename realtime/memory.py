@@ -30,10 +30,14 @@ malloc_trim = _malloc_trim()
 """glibc's `malloc_trim(pad)`, or None where the C library lacks it."""
 
 
+MIN_INTERVAL_S = 2.0
+"""The least time between two trims: a busy spell's trailing trim comes at most this long after it ends."""
+
+
 class IdleTrim:
     """The worker's idle hook: schedules a `malloc_trim` on the running loop, throttled with a trailing edge."""
 
-    def __init__(self, min_interval_s: float = 2.0) -> None:
+    def __init__(self, min_interval_s: float = MIN_INTERVAL_S) -> None:
         self.min_interval_s = min_interval_s
         self.trims = 0
         self._last = float("-inf")
