@@ -255,6 +255,27 @@ def render_notice(text: str | None) -> str:
     return f'<div class="rt-notice" role="alert">{html.escape(text)}</div>' if text else ""
 
 
+async def connection_outputs(rtc: WebRTC, value: Any) -> AsyncIterator[tuple[Any, ...]]:
+    """The additional outputs of the connection `value` names, until it ends, then those still queued.
+
+    fastrtc's own `on_additional_outputs` streams from a defaultdict: an output event the page starts just after
+    the connection was cleaned up (a stop while a "fetch_output" message was on its way) creates a fresh queue
+    that nothing ever ends, and since the page's output event runs once at a time, no later session of that page
+    showed anything. Here an ended or unknown connection has no outputs, and the last ones queued before the end
+    (a final delivered as the user stops) are still given."""
+    webrtc_id = getattr(value, "webrtc_id", value)
+    queue = rtc.additional_outputs.get(webrtc_id) if isinstance(webrtc_id, str) else None
+    if queue is None:
+        return
+    while not queue.quit.is_set() and rtc.additional_outputs.get(webrtc_id) is queue:
+        try:
+            yield (await asyncio.wait_for(queue.queue.get(), 0.1)).args
+        except TimeoutError:
+            continue
+    while not queue.queue.empty():
+        yield queue.queue.get_nowait().args
+
+
 class PageTranscripts:
     """What the page shows of a live session: its transcript joined after those of the earlier sessions of the same
     page that it carries on from (the user started again after a stop or a dropped connection; Clear starts
@@ -401,11 +422,16 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
             page_html = render_transcript(*joined) if joined else render_transcript(None)
             return page_html, render_status(service, session_id, event), session_id, ""
 
+        async def outputs(value: Any, previous: str | None, language: str | None,
+                          translating: bool) -> AsyncIterator[tuple[str, str, str, str]]:
+            async for event, session_id in connection_outputs(audio, value):
+                yield on_output(previous, language, translating, event, session_id)
+
         # the inputs are read when a stream's outputs start: the page's last session, which a new one carries on
         # from, and the picker and toggle as they were then (later changes: on_pick, on the session in session_state)
-        audio.on_additional_outputs(on_output, inputs=[session_state, picker, translate],
-                                    outputs=[transcript, status, session_state, notice],
-                                    concurrency_limit=None, queue=True)
+        audio.state_change(outputs, inputs=[audio, session_state, picker, translate],
+                           outputs=[transcript, status, session_state, notice], concurrency_limit=None, queue=True,
+                           show_progress="minimal", trigger_mode="once")
 
         async def on_upload(path: str | None, language: str | None) -> AsyncIterator[tuple[str, str, str]]:
             async for out in transcribe_upload(service, path, language):

@@ -95,8 +95,14 @@ def wait_finals(page: Page, n: int, timeout: float) -> list[str]:
 
 def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     picker: dict[str, Any] = {}
+    console: list[str] = []
     page = start_live(context, app.url, lambda pg: picker.update(pg.evaluate(PICKER)))
-    r: dict[str, Any] = {"picker": picker, "finals": wait_finals(page, 2, 90)}
+    page.on("console", lambda m: console.append(f"{time.monotonic():.1f} {m.text[:300]}"))
+    page.evaluate("""() => { let last = -1; new MutationObserver(() => {
+        const n = document.querySelectorAll("#rt-transcript .rt-final").length;
+        if (n !== last) { last = n; console.log(`rt-finals ${n}`); } }).observe(document.body,
+        { childList: true, subtree: true, characterData: true }); }""")
+    r: dict[str, Any] = {"picker": picker, "finals": wait_finals(page, 2, 90), "console": console}
     page.wait_for_timeout(300)
     r["lines"] = page.evaluate(LINES, "#rt-transcript")
     r["status"] = page.inner_text("#rt-status")
@@ -118,6 +124,9 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
         '#rt-webrtc button[aria-label="start stream"]').textContent)""", timeout=10_000)
     page.wait_for_timeout(1500)
     r["restart_before"] = finals(page)
+    r["restart_before_lines"] = page.evaluate(LINES, "#rt-transcript")
+    r["restart_before_status"] = page.inner_text("#rt-status")
+    console.append(f"{time.monotonic():.1f} -- started again")
     button.click(timeout=10_000)
     r["restart_after"] = wait_finals(page, len(r["restart_before"]) + 1, 90)
     page.wait_for_timeout(300)

@@ -111,12 +111,47 @@ def test_live_view_lines_downloads_and_copy(run: tuple[Compilation, str, dict[st
 def test_live_view_carries_on_after_starting_again(run: tuple[Compilation, str, dict[str, Any]]) -> None:
     live = _scenario(run[2], "live")
     before, after = live["restart_before"], live["restart_after"]
-    assert before and len(after) > len(before) and after[:len(before)] == before, (before, after)
+    why = (before, after, live.get("restart_before_lines"), live.get("restart_before_status"),
+           live.get("console", [])[-40:], run[2]["app_log"][-3000:])
+    assert before and len(after) > len(before) and after[:len(before)] == before, why
     assert live["restart_links"]["txt"] != live["links"]["txt"], "starting again should open a new session"
     starts = [line["time"].split(" → ")[0] for line in live["restart_lines"] if line["final"]]
     assert starts == sorted(starts), f"times of the later session do not follow on: {starts}"
     txt = live["restart_downloads"]["txt"]["text"].splitlines()
     assert txt[:len(after)] == after, (txt, after)
+
+
+def test_output_stream_of_an_ended_connection_ends_and_keeps_its_last_outputs() -> None:
+    """The page's output event, started after its connection was cleaned up (a stop while a "fetch_output"
+    message was on its way), ends instead of waiting forever on a fresh queue (which kept every later session of
+    the page from showing anything); outputs queued before the end are still given."""
+    import asyncio
+
+    from fastrtc import AdditionalOutputs, WebRTC
+
+    from realtime.ui import connection_outputs
+
+    rtc = WebRTC(modality="audio", mode="send")
+
+    async def drain(value: str) -> list[tuple[Any, ...]]:
+        return [args async for args in connection_outputs(rtc, value)]
+
+    async def scenario() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        rtc.set_additional_outputs("live")(AdditionalOutputs({"type": "final", "text": "one"}, "live"))
+        reader = asyncio.create_task(drain("live"))
+        await asyncio.sleep(0.3)
+        rtc.set_additional_outputs("live")(AdditionalOutputs({"type": "final", "text": "two"}, "live"))
+        rtc.clean_up("live")
+        # a final queued as the connection ends, on the queue the reader holds
+        live = await asyncio.wait_for(reader, 5)
+        ended = await asyncio.wait_for(drain("live"), 5)
+        unknown = await asyncio.wait_for(drain("never-connected"), 5)
+        return live, ended, unknown
+
+    live, ended, unknown = asyncio.run(scenario())
+    assert [a[0]["text"] for a in live] == ["one", "two"], live
+    assert ended == [] and unknown == [], (ended, unknown)
+    assert "live" not in rtc.additional_outputs and "never-connected" not in rtc.additional_outputs
 
 
 def test_captions_view_shows_last_lines_large(run: tuple[Compilation, str, dict[str, Any]]) -> None:
