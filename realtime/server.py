@@ -46,7 +46,7 @@ from .shutdown import GRACEFUL_HTTP_S, Drain, GracefulServer
 from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
 from .transcript import TranscriptSnapshot
 from .turn import Turn, TurnError
-from .ui import PageTranscripts, build_page
+from .ui import PageTranscripts, build_page, connection_outputs
 
 log = logging.getLogger("realtime")
 
@@ -167,11 +167,12 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
             return _unauthorized()
         if webrtc_id not in webrtc.pcs and webrtc_id not in webrtc.additional_outputs:
             return _error(404, f"no live session {webrtc_id}", "unknown_session")
+        _ = webrtc.additional_outputs[webrtc_id]  # a live connection's queue (a defaultdict), before its first output
 
         async def stream() -> AsyncIterator[str]:
             yield ": connected\n\n"
-            async for outputs in webrtc.output_stream(webrtc_id):
-                yield f"data: {json.dumps(outputs.args[0])}\n\n"
+            async for args in connection_outputs(webrtc, webrtc_id):
+                yield f"data: {json.dumps(args[0])}\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
