@@ -267,7 +267,7 @@ async def connection_outputs(rtc: WebRTC, value: Any) -> AsyncIterator[tuple[Any
     queue = rtc.additional_outputs.get(webrtc_id) if isinstance(webrtc_id, str) else None
     if queue is None:
         return
-    while not queue.quit.is_set() and rtc.additional_outputs.get(webrtc_id) is queue:
+    while not queue.quit.is_set():  # clean_up sets it as it drops the queue; so does the page's stop
         try:
             yield (await asyncio.wait_for(queue.queue.get(), 0.1)).args
         except TimeoutError:
