@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -384,8 +385,13 @@ def _idle_cpu(url: str, pid: int, seconds: float = 10.0) -> dict[str, float]:
 
 
 def _stream_speech(args: argparse.Namespace, out: Path, n: int) -> tuple[list[Any], str]:
-    """What each client plays: real utterances of a manifest joined with pauses (the same for every client), one
-    recording with its text, or five synthesized sentences per client."""
+    """What each client plays: real utterances of a manifest joined with pauses, one recording with its text, or
+    five synthesized sentences per client.
+
+    From a manifest every client plays the same utterances; with `order` "own" (the default) each client after
+    the first plays them in an order of its own, as independent speakers pause at different times, and with
+    "same" all play them in the manifest's order, 0.3 s apart, so that every client's pause comes within a
+    moment of the others' (the worst case for finals)."""
     if args.audio and args.audio.endswith(".tsv"):
         from .corpus import compilation, read_manifest
 
@@ -394,8 +400,18 @@ def _stream_speech(args: argparse.Namespace, out: Path, n: int) -> tuple[list[An
             if total + clip.duration <= args.seconds:
                 picked.append(clip)
                 total += clip.duration
-        comp = compilation(picked, out / "stream-real.wav")
-        return [comp] * n, f"{len(picked)} real utterances ({total:.0f} s of speech) with 1.2 s pauses"
+        if getattr(args, "order", "own") == "same":
+            comp = compilation(picked, out / "stream-real.wav")
+            return [comp] * n, f"{len(picked)} real utterances ({total:.0f} s of speech) with 1.2 s pauses, " \
+                               "every client in the same order"
+        comps = []
+        for i in range(n):
+            order = list(picked)
+            if i:
+                random.Random(i).shuffle(order)
+            comps.append(compilation(order, out / f"stream-real-{i}.wav"))
+        return comps, f"{len(picked)} real utterances ({total:.0f} s of speech) with 1.2 s pauses, " \
+                      "each client in an order of its own"
     if args.audio:
         reference = Path(args.text).read_text() if args.text else ""
         speech = Speech(Path(args.audio), [reference], [])
@@ -944,6 +960,9 @@ def main(argv: list[str]) -> int:
                                    "short clips are joined with pauses (default: synthesized sentences)")
     s.add_argument("--text", help="the recording's reference transcript (a text file)")
     s.add_argument("--seconds", type=float, default=180.0, help="speech taken from a manifest (s)")
+    s.add_argument("--order", choices=("own", "same"), default="own",
+                   help="from a manifest: each client plays the utterances in an order of its own (independent "
+                        "speakers), or all in the same order, their pauses together (the worst case)")
     s.add_argument("--runs", type=int, default=1)
     s.add_argument("--url", help="a running app (default: launch one)")
     s.add_argument("--pid", type=int, help="the running app's process id, for CPU figures")

@@ -52,6 +52,33 @@ def engine():
     return e
 
 
+@pytest.fixture(scope="session")
+def base_ct2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The multilingual base package as a CTranslate2 directory (its parts joined once)."""
+    from realtime.bench import _ct2_dir
+
+    return str(_ct2_dir(BASE, tmp_path_factory.mktemp("ct2-base")))
+
+
+@pytest.fixture(scope="session")
+def fw_tiny() -> dict[str, str]:
+    """faster-whisper's transcript of every real clip on the bundled tiny.en (int8), by clip name: one run shared
+    by the tests that compare with it."""
+    from realtime.engines.embedded import resolve_model
+
+    from real_speech import clips, faster_whisper_texts
+
+    return faster_whisper_texts(resolve_model(None)[0], "int8", clips())
+
+
+@pytest.fixture(scope="session")
+def fw_base(base_ct2: str) -> dict[str, str]:
+    """The same on the multilingual base (float32), shared by the embedded and the vLLM engine's tests."""
+    from real_speech import clips, faster_whisper_texts
+
+    return faster_whisper_texts(base_ct2, "float32", clips())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

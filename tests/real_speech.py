@@ -33,6 +33,16 @@ def quiet_copy(clip: Clip, path: Path, peak_dbfs: float = -45.0) -> Path:
     return path
 
 
+def faster_whisper_texts(model: str, compute_type: str, items: list[Clip]) -> dict[str, str]:
+    """faster-whisper's own `transcribe` of each clip (`beam_size=1, vad_filter=True`), by clip name."""
+    from faster_whisper import WhisperModel
+
+    fw = WhisperModel(model, device="cpu", compute_type=compute_type, cpu_threads=2)
+    out = {}
+    for clip in items:
+        segments, _ = fw.transcribe(str(clip.path), beam_size=1, vad_filter=True, language="en")
+        out[clip.name] = " ".join(s.text.strip() for s in segments)
+    return out
 
 
 def norm_word(word: str) -> str:
@@ -48,5 +58,5 @@ def matched_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]
     return pairs
 
 
-__all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "loops", "matched_starts",
-           "norm_word", "quiet_copy", "wer"]
+__all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "faster_whisper_texts",
+           "loops", "matched_starts", "norm_word", "quiet_copy", "wer"]

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import subprocess
 import sys
+
+import pytest
+
+from realtime.bench import _stream_speech
 
 from conftest import ROOT
 
@@ -35,6 +40,18 @@ def test_bench_file_compares_all_pipelines_in_one_run(tmp_path):
     assert base["vs_faster_whisper"] == 1.0
     assert (tmp_path / "bench-file.md").read_text().count("|") > 20
     assert (tmp_path / "bench-file.png").stat().st_size > 1000
+
+
+@pytest.mark.fast
+def test_stream_clients_of_a_manifest_pause_at_times_of_their_own_unless_asked_for_the_same_order(tmp_path):
+    args = argparse.Namespace(audio=str(ROOT / "tests" / "data" / "manifest.tsv"), text=None, seconds=30.0)
+    own, what = _stream_speech(args, tmp_path, 4)
+    assert "order of its own" in what and len(own) == 4
+    assert all(sorted(c.name for c in comp.clips) == sorted(c.name for c in own[0].clips) for comp in own)
+    assert len({tuple(end for _, end in comp.spans) for comp in own}) == 4, "two clients pause together"
+    same, what = _stream_speech(argparse.Namespace(**{**vars(args), "order": "same"}), tmp_path, 4)
+    assert "same order" in what and all(comp is same[0] for comp in same)
+    assert [c.name for c in same[0].clips] == [c.name for c in own[0].clips]
 
 
 def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):

@@ -27,24 +27,24 @@ from realtime.transcribe import transcribe_file
 from realtime.vad import WINDOW_S
 
 from conftest import ROOT, App, launch, stop
-from real_speech import Clip, clips, compilation, corpus_wer, loops, matched_starts, norm_word, quiet_copy, wer
+from real_speech import (
+    Clip,
+    clips,
+    compilation,
+    corpus_wer,
+    faster_whisper_texts,
+    loops,
+    matched_starts,
+    norm_word,
+    quiet_copy,
+    wer,
+)
 
 FILE_MARGIN = 0.02
 """How far a file path's corpus WER may lie above faster-whisper's: the measured gaps (README) are about a point,
 and retries sample at temperatures above zero, so runs and CPUs differ by a few words. The code before the
 real-speech work was 9 to 20 points behind."""
 LIVE_MARGIN = 0.015
-
-
-def fw_texts(model: str, compute_type: str, items: list[Clip]) -> list[str]:
-    from faster_whisper import WhisperModel
-
-    fw = WhisperModel(model, device="cpu", compute_type=compute_type, cpu_threads=2)
-    out = []
-    for clip in items:
-        segments, _ = fw.transcribe(str(clip.path), beam_size=1, vad_filter=True, language="en")
-        out.append(" ".join(s.text.strip() for s in segments))
-    return out
 
 
 def ours(engine: EmbeddedEngine, items: list[Clip], timestamps: bool) -> list[str]:
@@ -71,13 +71,6 @@ def real() -> list[Clip]:
     return clips()
 
 
-@pytest.fixture(scope="module")
-def fw_tiny(real: list[Clip]) -> list[str]:
-    from realtime.engines.embedded import resolve_model
-
-    return fw_texts(resolve_model(None)[0], "int8", real)
-
-
 def check_against(refs: list[str], fw: list[str], *paths: list[str], margin: float = FILE_MARGIN,
                   empty_allowed: int = 0) -> None:
     fw_wer = corpus_wer(refs, fw)
@@ -90,20 +83,16 @@ def check_against(refs: list[str], fw: list[str], *paths: list[str], margin: flo
 
 def test_file_paths_on_real_speech_tiny_en(engine, real, fw_tiny):
     """Text answers (windows, no timestamps) and timed ones (srt, vtt, verbose_json: Whisper's timestamps)."""
-    refs = [c.text for c in real]
+    refs, fw = [c.text for c in real], [fw_tiny[c.name] for c in real]
     text, timed = ours(engine, real, False), ours(engine, real, True)
-    report("tiny.en int8, one file per clip", refs, faster_whisper=fw_tiny, text=text, timed=timed)
-    check_against(refs, fw_tiny, text, timed)
+    report("tiny.en int8, one file per clip", refs, faster_whisper=fw, text=text, timed=timed)
+    check_against(refs, fw, text, timed)
 
 
-def test_file_path_on_real_speech_multilingual_base(real, tmp_path_factory):
-    from realtime.bench import QUANT_PACKAGES, _ct2_dir
-
-    model = str(_ct2_dir(QUANT_PACKAGES["base"], tmp_path_factory.mktemp("ct2")))
-    engine = EmbeddedEngine(model=model, compute_type="float32", language="en")
+def test_file_path_on_real_speech_multilingual_base(real, base_ct2, fw_base):
+    engine = EmbeddedEngine(model=base_ct2, compute_type="float32", language="en")
     engine.load()
-    refs = [c.text for c in real]
-    fw = fw_texts(model, "float32", real)
+    refs, fw = [c.text for c in real], [fw_base[c.name] for c in real]
     text = ours(engine, real, False)
     report("base float32, one file per clip", refs, faster_whisper=fw, text=text)
     # base judges the VAD's shortest cuts of creaky and falsetto voices (mfa-creaky, mfa-falsetto2: Silero
@@ -121,7 +110,7 @@ def test_a_file_of_several_speakers_keeps_every_speaker(engine, tmp_path):
                                              "speechbrain-spk1_snt1.flac")], tmp_path / "speakers.wav")
     ref = " ".join(comp.texts)
     whole = Clip(comp.path, ref, "read", comp.spans[-1][1], "several")
-    fw = fw_texts(engine.model_ref, "int8", [whole])
+    fw = list(faster_whisper_texts(engine.model_ref, "int8", [whole]).values())
     got = {name: ours(engine, [whole], timestamps)[0] for name, timestamps in (("text", False), ("timed", True))}
     report("four speakers in one file", [ref], faster_whisper=fw, **{k: [v] for k, v in got.items()})
     for name, text in got.items():
@@ -157,7 +146,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
 
 def test_http_api_on_real_speech(api, real, fw_tiny):
     """Every response format over HTTP, clip by clip, against faster-whisper on the same clips."""
-    short = [(c, f) for c, f in zip(real, fw_tiny, strict=True) if c.duration <= 12.0]
+    short = [(c, fw_tiny[c.name]) for c in real if c.duration <= 12.0]
     refs, fw = [c.text for c, _ in short], [f for _, f in short]
     got: dict[str, list[str]] = {}
     for fmt in ("json", "verbose_json", "srt"):
@@ -211,7 +200,8 @@ def test_live_over_webrtc_on_real_speech(app, real, fw_tiny, tmp_path):
     """Three minutes of real utterances with pauses, played in real time: live finals against faster-whisper's
     transcript of each utterance as its own file; every segment ends final, none loops."""
     picked, total = [], 0.0
-    for clip, fw in zip(real, fw_tiny, strict=True):
+    for clip in real:
+        fw = fw_tiny[clip.name]
         if clip.condition in ("short", "read", "spontaneous") and clip.duration <= 12 and total + clip.duration <= 180:
             picked.append((clip, fw))
             total += clip.duration
