@@ -49,7 +49,8 @@ EN_PROMPT = [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcr
 HAS_AVX512 = bool(re.search(r"\b(avx512f|amx_tile)\b", Path("/proc/cpuinfo").read_text()))
 FP8_MARGIN = 0.05
 """How much WER an fp8 KV cache may add to the model's own KV dtype on the real-speech clips: a loose bound
-(vLLM's CPU fp8 cache has no calibrated scales) until measured on an AVX-512 machine; the test prints both."""
+(vLLM's CPU fp8 cache has no calibrated scales; the README has what an AVX-512 machine measured), the test
+prints both."""
 
 
 def settings(cache_dir: Path, **kw: Any) -> Settings:
