@@ -409,7 +409,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                 async for end in segments:
                     parts: list[str] = []
                     try:
-                        async for delta in stream_text(service.file_worker(), end.audio, options):
+                        heard = end.heard if isinstance(end, Window) else end.audio
+                        async for delta in stream_text(service.file_worker(), heard, options):
                             if not parts:
                                 delta = delta.lstrip()
                                 if not delta:

@@ -11,6 +11,13 @@ them dropped) before they reach the engine: Whisper sees neighbouring sentences,
 long-form and batched pipelines let it, which cuts errors on isolated short sentences. Formats with times ask
 the engine for Whisper's timestamps and get one entry per timed piece, mapped back to the file's time
 (`timed_entries`); text formats take a window as one entry.
+
+A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of speech) is decoded with the
+recording around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's
+speech. The VAD may hear only a fraction of a second of a falsetto, creaky or quick voice, too little for Whisper,
+where the recording around it holds the rest of the phrase (faster-whisper's VAD, which waits 2 s of silence
+before it ends a span, gives it that much). Live sessions cannot wait for the audio after a segment, so this is
+for files.
 Used by `python -m realtime transcribe` and by the HTTP API (realtime/api.py).
 """
 
@@ -34,11 +41,15 @@ from .audio import SAMPLE_RATE, iter_file
 from .engines import Engine, TimedText, TranscribeOptions, Transcription
 from .engines.policy import stopped_early
 from .transcript import Entry
-from .vad import SegmentEnd, Segmenter, VADConfig
+from .vad import SegmentEnd, Segmenter, SegmentStart, VADConfig, VADEvent
 from .worker import Job, Worker
 
 log = logging.getLogger(__name__)
 _DONE = object()
+CONTEXT_BEFORE_S = 1.0
+CONTEXT_AFTER_S = 2.0
+CONTEXT_SPEECH_S = 2.0
+"""A lone segment with less speech than this is decoded with the audio around it."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,28 @@ class Window(SegmentEnd):
 
     parts: tuple[tuple[float, float], ...] = ()
     """(offset in `audio`, stream time) of each packed segment's first sample, in order."""
+    context: np.ndarray | None = None
+    """A lone short segment's audio with the recording around it (see the module docstring), else None."""
+    context_start: float = 0.0
+    """Stream time of the first sample of `context`."""
+
+    @property
+    def heard(self) -> np.ndarray:
+        """The audio an engine is given: the context of a lone short segment, else the window's own."""
+        return self.audio if self.context is None else self.context
+
+    def decoded(self, result: Transcription, timed: bool) -> Window:
+        """The window as its result was decoded: over its context, if it had one, so that times and words map to
+        the stream. Its span grows to the timed pieces that Whisper found in the context."""
+        if self.context is None:
+            return self
+        start, end = self.start, self.end
+        pieces = [p for p in result.segments if p.text] if timed and result.text.strip() else []
+        if pieces:
+            start = min(start, self.context_start + pieces[0].start)
+            end = max(end, self.context_start + pieces[-1].end)
+        return Window(self.segment, start, end, self.context, self.forced, self.context_start,
+                      ((0.0, self.context_start),))
 
     def stream_time(self, t: float, end: bool = False) -> float:
         """The stream time of `t` seconds into the window's audio (an end belongs to the part before it)."""
@@ -63,12 +96,14 @@ class _Packer:
     def __init__(self, seconds: float) -> None:
         self.limit = int(seconds * SAMPLE_RATE)
         self.parts: list[SegmentEnd] = []
+        self.context: tuple[np.ndarray, float] | None = None
         self.size = 0
         self.index = 0
 
-    def add(self, end: SegmentEnd) -> list[SegmentEnd]:
+    def add(self, end: SegmentEnd, context: tuple[np.ndarray, float] | None = None) -> list[SegmentEnd]:
         out = [self._emit()] if self.parts and self.size + end.audio.size > self.limit else []
         self.parts.append(end)
+        self.context = context if len(self.parts) == 1 else None
         self.size += end.audio.size
         return out
 
@@ -79,10 +114,58 @@ class _Packer:
         parts, self.parts, self.size = self.parts, [], 0
         audio = parts[0].audio if len(parts) == 1 else np.concatenate([p.audio for p in parts])
         offsets = np.cumsum([0, *(p.audio.size for p in parts[:-1])]) / SAMPLE_RATE
+        context, context_start = self.context or (None, 0.0)
+        self.context = None
         window = Window(self.index, parts[0].start, parts[-1].end, audio, parts[-1].forced, parts[0].audio_start,
-                        tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)))
+                        tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)),
+                        context, context_start)
         self.index += 1
         return window
+
+
+class _Surroundings:
+    """The recent audio of a file, and the segments waiting for the audio after them (`CONTEXT_AFTER_S`) before
+    they go on, in order, each short one with its context."""
+
+    def __init__(self, vad: VADConfig) -> None:
+        self.keep = int((vad.max_segment_s + CONTEXT_BEFORE_S + 2.0) * SAMPLE_RATE)
+        self.audio = np.zeros(0, np.float32)
+        self.origin = 0  # stream sample index of audio[0]
+        self.waiting: deque[tuple[SegmentEnd, int, int]] = deque()  # end, its context's first and last sample
+        self.last_end = 0  # stream sample index where the previous segment's audio ended
+
+    @property
+    def read_to(self) -> int:
+        return self.origin + self.audio.size
+
+    def read(self, chunk: np.ndarray) -> None:
+        self.audio = np.concatenate([self.audio, chunk])
+
+    def events(self, events: Iterable[object]) -> None:
+        for event in events:
+            if isinstance(event, SegmentStart):  # the waiting segments' context ends where this speech starts
+                at = round(event.start * SAMPLE_RATE)
+                self.waiting = deque((e, a, b if b < 0 else max(min(b, at), a)) for e, a, b in self.waiting)
+            elif isinstance(event, SegmentEnd):
+                first = round(event.audio_start * SAMPLE_RATE)
+                last = first + event.audio.size
+                short = event.end - event.start < CONTEXT_SPEECH_S
+                a = min(first, max(self.last_end, self.origin, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE)))
+                self.waiting.append((event, a, last + round(CONTEXT_AFTER_S * SAMPLE_RATE) if short else -1))
+                self.last_end = last
+
+    def ready(self, flush: bool = False) -> list[tuple[SegmentEnd, tuple[np.ndarray, float] | None]]:
+        out = []
+        while self.waiting and (flush or self.waiting[0][2] <= self.read_to):
+            end, a, b = self.waiting.popleft()
+            context = None
+            if b >= 0:
+                context = (self.audio[a - self.origin:min(b, self.read_to) - self.origin].copy(), a / SAMPLE_RATE)
+            out.append((end, context))
+        floor = min([self.read_to - self.keep, *(a for _, a, _ in self.waiting)])
+        if floor > self.origin:
+            self.audio, self.origin = self.audio[floor - self.origin:], floor
+        return out
 
 
 def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> list[Entry]:
@@ -143,20 +226,25 @@ class SegmentStream:
         try:
             segmenter = Segmenter(self.vad)
             packer = _Packer(self.window_s) if self.window_s else None
+            around = _Surroundings(segmenter.config) if packer else None
 
-            def put(events: Iterable[object]) -> bool:
-                for event in events:
-                    if isinstance(event, SegmentEnd):
-                        for item in packer.add(event) if packer else [event]:
-                            if not self._put(loop, item):
-                                return False
+            def put(events: list[VADEvent], flush: bool = False) -> bool:
+                if packer is None or around is None:
+                    return all(self._put(loop, e) for e in events if isinstance(e, SegmentEnd))
+                around.events(events)
+                for end, context in around.ready(flush):
+                    for item in packer.add(end, context):
+                        if not self._put(loop, item):
+                            return False
                 return True
 
             for chunk in iter_file(self.path):
+                if around is not None:
+                    around.read(chunk)
                 if not put(segmenter.feed(chunk)) or self._stop.is_set():
                     return
             self.duration = segmenter.samples / SAMPLE_RATE
-            if not put(segmenter.flush()):
+            if not put(segmenter.flush(), flush=True):
                 return
             for item in packer.flush() if packer else []:
                 if not self._put(loop, item):
@@ -248,8 +336,8 @@ async def transcribe_results(
         try:
             async for first in iterator:
                 batch = [first, *segments.ready(size - 1)]
-                futures = [worker.submit(Job(name, n + i, e.audio, _lane(options), options))
-                           for i, e in enumerate(batch)]
+                futures = [worker.submit(Job(name, n + i, e.heard if isinstance(e, Window) else e.audio,
+                                             _lane(options), options)) for i, e in enumerate(batch)]
                 n += len(batch)
                 results = await asyncio.gather(*futures, return_exceptions=True)
                 for end, result in zip(batch, results, strict=True):
@@ -258,6 +346,8 @@ async def transcribe_results(
                         log.info("file window %d: %d characters for %.1f s in %d segments, decoding it again",
                                  end.segment, len(result.text), end.audio.size / SAMPLE_RATE, len(end.parts))
                         result = await _redecode(worker, name, end, options)
+                    if isinstance(end, Window) and isinstance(result, Transcription):
+                        end = end.decoded(result, options.timestamps)
                     yield end, result
         finally:
             worker.cancel_session(name)

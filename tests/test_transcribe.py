@@ -1,17 +1,21 @@
-"""The file path (realtime/transcribe.py) with the real engine: packing segments into windows, chunked encoding."""
+"""The file path (realtime/transcribe.py) with the real engine: packing segments into windows, chunked encoding,
+the recording around a lone short segment."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 
+import numpy as np
 import pytest
 
+from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.engines import TranscribeOptions
 from realtime.engines import embedded as embedded_module
-from realtime.transcribe import transcribe_file
+from realtime.transcribe import CONTEXT_AFTER_S, CONTEXT_BEFORE_S, CONTEXT_SPEECH_S, SegmentStream, transcribe_file
 from realtime.vad import WINDOW_S
 
+from real_speech import clips, compilation
 from speech import long_recording, wer
 
 
@@ -70,3 +74,31 @@ def test_chunked_encoding_matches_one_call(engine, recording, monkeypatch):
     for a, b in zip(chunked, whole, strict=True):
         assert len(a.text.split()) > 30 and wer(b.text, a.text) <= 0.12, (b.text, a.text)
     assert wer(" ".join(r.text for r in whole), " ".join(r.text for r in chunked)) <= 0.05
+
+
+@pytest.mark.fast
+def test_a_lone_short_segment_carries_the_recording_around_it_up_to_the_next_speech(tmp_path):
+    """A falsetto phrase of which the VAD hears a fraction of a second, then JFK 0.4 s later: the short segment's
+    window holds the audio around it (the recording's own samples), cut where JFK's speech starts; JFK's long
+    segments carry none."""
+    by_name = {c.name: c for c in clips()}
+    comp = compilation([by_name["mfa-falsetto2.flac"], by_name["jfk.flac"]], tmp_path / "two.wav", gap=0.4, lead=0.0)
+    audio = decode_file(comp.path)
+
+    async def windows() -> list:
+        return [w async for w in SegmentStream(comp.path, window_s=1.0)]  # one segment a window
+
+    got = asyncio.run(windows())
+    short = [w for w in got if w.end - w.start < CONTEXT_SPEECH_S]
+    assert short and short[0].start < comp.spans[0][1] and all(w.context is None for w in got if w not in short)
+    w = short[0]
+    first, at = round(w.context_start * SAMPLE_RATE), round(w.audio_start * SAMPLE_RATE)
+    assert np.array_equal(w.context, audio[first:first + w.context.size])
+    assert np.array_equal(w.context[at - first:at - first + w.audio.size], w.audio)
+    assert w.context_start == pytest.approx(max(0.0, w.audio_start - CONTEXT_BEFORE_S), abs=1e-3)
+    context_end = w.context_start + w.context.size / SAMPLE_RATE
+    following = got[got.index(w) + 1]
+    assert context_end <= following.start + 1e-3, "the context ran into the next segment's speech"
+    assert context_end >= min(following.start, w.audio_start + w.audio.size / SAMPLE_RATE + CONTEXT_AFTER_S) - 0.05
+    long = next(w for w in got if w.context is None)
+    assert w.heard is w.context and long.heard is long.audio
