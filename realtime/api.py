@@ -409,8 +409,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                 async for end in segments:
                     parts: list[str] = []
                     try:
-                        heard = end.heard if isinstance(end, Window) else end.audio
-                        async for delta in stream_text(service.file_worker(), heard, options):
+                        async for delta in stream_text(service.file_worker(), end.heard, options):
                             if not parts:
                                 delta = delta.lstrip()
                                 if not delta:

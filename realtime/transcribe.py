@@ -336,8 +336,8 @@ async def transcribe_results(
         try:
             async for first in iterator:
                 batch = [first, *segments.ready(size - 1)]
-                futures = [worker.submit(Job(name, n + i, e.heard if isinstance(e, Window) else e.audio,
-                                             _lane(options), options)) for i, e in enumerate(batch)]
+                futures = [worker.submit(Job(name, n + i, e.heard, _lane(options), options))
+                           for i, e in enumerate(batch)]
                 n += len(batch)
                 results = await asyncio.gather(*futures, return_exceptions=True)
                 for end, result in zip(batch, results, strict=True):

@@ -130,6 +130,11 @@ class SegmentEnd:
     audio_start: float = 0.0
     """Stream time of the first sample of `audio` (the padding before the speech included)."""
 
+    @property
+    def heard(self) -> np.ndarray:
+        """The audio an engine is given for this segment (a file's window may give more: realtime/transcribe.py)."""
+        return self.audio
+
 
 VADEvent = SegmentStart | SegmentEnd
 
