@@ -55,7 +55,7 @@ from .engines import EngineUnavailable, TranscribeOptions, Transcription
 from .engines.base import unsupported_language
 from .engines.types import LANE_HEADER, Word
 from .service import TranscriptionService
-from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results
+from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results, window_parts
 from .transcript import Entry
 from .vad import SegmentEnd
 
@@ -356,7 +356,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         if params.response_format in TIMED_FORMATS:
             options = dataclasses.replace(options, timestamps=True, word_timestamps=params.words)
             window = window if service.engine.timestamps else None
-        segments = SegmentStream(path, settings.vad_config(), window_s=window)
+        segments = SegmentStream(path, settings.vad_config(), window_s=window,
+                                 max_parts=window_parts(service.engine))
         entries: list[Entry] = []
         verbose: list[dict[str, Any]] = []
         words: list[dict[str, Any]] = []
@@ -404,7 +405,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         try:
-            segments = SegmentStream(path, settings.vad_config(), window_s=settings.file_window_s or None)
+            segments = SegmentStream(path, settings.vad_config(), window_s=settings.file_window_s or None,
+                                     max_parts=window_parts(engine))
             if engine.streaming:
                 async for end in segments:
                     parts: list[str] = []

@@ -1,6 +1,6 @@
 """Benchmarks, side by side in one run: file RTFx/WER against peers, live latency under load, quantization.
 
-    python -m realtime bench file   [--audio FILE --text REFERENCE | --audio MANIFEST.tsv] [--model base] [--runs 3]
+    python -m realtime bench file   [--audio FILE --text REF | --audio MANIFEST.tsv [--joined PAUSE_S]] [--model base]
     python -m realtime bench stream [--audio FILE --text REFERENCE | --audio MANIFEST.tsv] [--clients 1,2,4,8,16]
     python -m realtime bench quant  [--audio MANIFEST.tsv] [--vllm base]
     python -m realtime bench soak   --minutes M --clients N [--audio FILE --text REFERENCE] [--url URL --pid PID]
@@ -228,9 +228,13 @@ def _items(args: argparse.Namespace, out: Path) -> tuple[list[tuple[Path, str]],
     """What to transcribe: every clip of a manifest (.tsv), one real recording with its text, or a synthesized
     recording; and a description for the table."""
     if args.audio and args.audio.endswith(".tsv"):
-        from .corpus import read_manifest
+        from .corpus import compilation, read_manifest
 
         clips = read_manifest(Path(args.audio))
+        if getattr(args, "joined", None) is not None:
+            comp = compilation(clips, out / "joined.wav", gap=args.joined)
+            return [(comp.path, comp.text)], (f"{len(clips)} real recordings joined into one file of "
+                                               f"{comp.spans[-1][1] / 60:.1f} minutes ({args.joined:g} s pauses)")
         return [(c.path, c.text) for c in clips], f"{len(clips)} real recordings, one file each"
     if args.audio:
         reference = Path(args.text).read_text() if args.text else ""
@@ -240,7 +244,7 @@ def _items(args: argparse.Namespace, out: Path) -> tuple[list[tuple[Path, str]],
 
 
 def bench_file(args: argparse.Namespace) -> dict[str, Any]:
-    from .corpus import corpus_wer, loops
+    from .corpus import LOST_RUN_WORDS, corpus_wer, loops, lost_runs
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +271,9 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
         return {"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
                 "runs": [round(t, 2) for t in times],
                 "wer": round(corpus_wer(references, texts), 4) if any(references) else None,
-                "loops": len(loops(texts)), "empty": sum(not t.strip() for t in texts), "texts": texts}
+                "loops": len(loops(texts)), "empty": sum(not t.strip() for t in texts),
+                "lost": sum(len(lost_runs(r, t)) for r, t in zip(references, texts, strict=True) if r),
+                "texts": texts}
 
     def each(fn: Callable[[Path], str]) -> Callable[[], list[str]]:
         return lambda: [fn(p) for p, _ in items]
@@ -294,11 +300,13 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
            "compute_type": compute_type, "decoding": "greedy (beam 1), English", "machine": _machine(),
            "runs": args.runs, "results": results}
     rows = [f"| {r['name']} | {r['rtfx'] or '-'} | {r['vs_faster_whisper'] or '-'}x | {_percent(r['wer'])} | "
-            f"{r.get('loops', '-')} | {r.get('empty_where_fw_has_text', '-')} |" for r in results]
+            f"{r.get('lost', '-')} | {r.get('loops', '-')} | {r.get('empty_where_fw_has_text', '-')} |"
+            for r in results]
     table = (f"File transcription, {what} ({duration / 60:.1f} min), {model_name} {compute_type}, greedy, "
-             f"{_machine()}, median of {args.runs} runs after a warm-up. Loops: answers that repeat themselves "
-             "back to back; empty: answers with no text where faster-whisper has some.\n\n"
-             "| pipeline | RTFx | vs faster-whisper | WER | loops | empty |\n|---|---|---|---|---|---|\n"
+             f"{_machine()}, median of {args.runs} runs after a warm-up. Lost: stretches of {LOST_RUN_WORDS} or more "
+             "reference words missing from the answer; loops: answers that repeat themselves back to back; empty: "
+             "answers with no text where faster-whisper has some.\n\n"
+             "| pipeline | RTFx | vs faster-whisper | WER | lost | loops | empty |\n|---|---|---|---|---|---|---|\n"
              + "\n".join(rows) + "\n")
     ok = [r for r in results if r.get("rtfx")]
     write_outputs(out, "file", doc, table, lambda p: _bar_chart(
@@ -946,6 +954,8 @@ def main(argv: list[str]) -> int:
     f.add_argument("--audio", help="an audio file, or a manifest (.tsv, as tests/data/manifest.tsv) whose clips are "
                                    "transcribed one file each (default: a synthesized multi-voice recording)")
     f.add_argument("--text", help="its reference transcript (a text file)")
+    f.add_argument("--joined", type=float, metavar="PAUSE_S",
+                   help="with a manifest: its clips joined into one long recording, with pauses of this many seconds")
     f.add_argument("--minutes", type=float, default=10.0, help="length of the synthesized recording")
     f.add_argument("--model", help="tiny.en (default: the bundled one), base (multilingual, from its packages) or a "
                                    "CTranslate2 directory")

@@ -86,6 +86,28 @@ def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
     return float(jiwer.wer([r for r, _ in pairs], [h if h.strip() else "<empty>" for _, h in pairs]))
 
 
+LOST_RUN_WORDS = 5
+"""A run of this many reference words in a row with none of them in the transcript is a lost stretch of speech."""
+
+
+def lost_runs(reference: str, hypothesis: str, words: int = LOST_RUN_WORDS) -> list[str]:
+    """The stretches of at least `words` reference words that the hypothesis leaves out entirely (deleted in the
+    word alignment, after Whisper's English normaliser on both sides), in order."""
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    ref, hyp = norm(reference), norm(hypothesis)
+    if not ref.strip():
+        return []
+    said = ref.split()
+    if not hyp.strip():
+        return [" ".join(said)] if len(said) >= words else []
+    out = jiwer.process_words(ref, hyp)
+    return [" ".join(said[c.ref_start_idx:c.ref_end_idx]) for c in out.alignments[0]
+            if c.type == "delete" and c.ref_end_idx - c.ref_start_idx >= words]
+
+
 def loops(hypotheses: list[str]) -> list[str]:
     """The hypotheses that repeat themselves back to back."""
     return [h for h in hypotheses if find_loop(h) is not None]

@@ -37,9 +37,9 @@ from typing import Literal
 
 import numpy as np
 
+from . import coverage
 from .audio import SAMPLE_RATE, iter_file
 from .engines import Engine, TimedText, TranscribeOptions, Transcription
-from .engines.policy import stopped_early
 from .transcript import Entry
 from .vad import SegmentEnd, Segmenter, SegmentStart, VADConfig, VADEvent
 from .worker import Job, Worker
@@ -62,11 +62,32 @@ class Window(SegmentEnd):
     """A lone short segment's audio with the recording around it (see the module docstring), else None."""
     context_start: float = 0.0
     """Stream time of the first sample of `context`."""
+    speech: tuple[tuple[float, float], ...] = ()
+    """(start, end) of each packed segment's speech, in seconds into `audio`."""
 
     @property
     def heard(self) -> np.ndarray:
         """The audio an engine is given: the context of a lone short segment, else the window's own."""
         return self.audio if self.context is None else self.context
+
+    @property
+    def heard_speech(self) -> tuple[tuple[float, float], ...]:
+        """Each segment's speech in seconds into `heard`."""
+        if self.context is None:
+            return self.speech
+        return ((self.start - self.context_start, self.end - self.context_start),)
+
+    def bounds(self) -> list[tuple[float, float]]:
+        """(first, end) of each segment's audio in seconds into `heard`; a window over its context is one."""
+        if self.context is not None or len(self.parts) < 2:
+            return [(0.0, self.heard.size / SAMPLE_RATE)]
+        starts = [o for o, _ in self.parts]
+        return list(itertools.pairwise([*starts, self.audio.size / SAMPLE_RATE]))
+
+    def part_audio(self, i: int) -> np.ndarray:
+        """The audio of packed segment `i` alone (a window over its context gives the context)."""
+        a, b = self.bounds()[i]
+        return self.heard[round(a * SAMPLE_RATE):round(b * SAMPLE_RATE)]
 
     def decoded(self, result: Transcription, timed: bool) -> Window:
         """The window as its result was decoded: over its context, if it had one, so that times and words map to
@@ -79,7 +100,7 @@ class Window(SegmentEnd):
             start = min(start, self.context_start + pieces[0].start)
             end = max(end, self.context_start + pieces[-1].end)
         return Window(self.segment, start, end, self.context, self.forced, self.context_start,
-                      ((0.0, self.context_start),))
+                      ((0.0, self.context_start),), speech=self.heard_speech)
 
     def stream_time(self, t: float, end: bool = False) -> float:
         """The stream time of `t` seconds into the window's audio (an end belongs to the part before it)."""
@@ -91,17 +112,20 @@ class Window(SegmentEnd):
 
 
 class _Packer:
-    """Packs consecutive segments into windows of at most `seconds` of audio (a longer segment stays alone)."""
+    """Packs consecutive segments into windows of at most `seconds` of audio (a longer segment stays alone) and at
+    most `max_parts` segments."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, max_parts: int | None = None) -> None:
         self.limit = int(seconds * SAMPLE_RATE)
+        self.max_parts = max_parts
         self.parts: list[SegmentEnd] = []
         self.context: tuple[np.ndarray, float] | None = None
         self.size = 0
         self.index = 0
 
     def add(self, end: SegmentEnd, context: tuple[np.ndarray, float] | None = None) -> list[SegmentEnd]:
-        out = [self._emit()] if self.parts and self.size + end.audio.size > self.limit else []
+        full = self.size + end.audio.size > self.limit or len(self.parts) == (self.max_parts or -1)
+        out = [self._emit()] if self.parts and full else []
         self.parts.append(end)
         self.context = context if len(self.parts) == 1 else None
         self.size += end.audio.size
@@ -118,7 +142,9 @@ class _Packer:
         self.context = None
         window = Window(self.index, parts[0].start, parts[-1].end, audio, parts[-1].forced, parts[0].audio_start,
                         tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)),
-                        context, context_start)
+                        context, context_start,
+                        tuple((float(o) + p.start - p.audio_start, float(o) + p.end - p.audio_start)
+                              for o, p in zip(offsets, parts, strict=True)))
         self.index += 1
         return window
 
@@ -190,14 +216,16 @@ class SegmentStream:
 
     Iterate it on the event loop; `duration` is the file's length in seconds once iteration has ended.
     A decode error is raised by the iteration at the point where it happened. `close()` stops the thread.
-    With `window_s` the items are windows of packed segments (numbered 0, 1, ... themselves).
+    With `window_s` the items are windows of packed segments (numbered 0, 1, ... themselves), at most `max_parts`
+    segments each (`window_parts`).
     """
 
     def __init__(self, path: str | Path, vad: VADConfig | None = None, max_queued: int = 8,
-                 window_s: float | None = None) -> None:
+                 window_s: float | None = None, max_parts: int | None = None) -> None:
         self.path = Path(path)
         self.vad = vad
         self.window_s = window_s
+        self.max_parts = max_parts
         self.duration = 0.0
         self._slots = threading.Semaphore(max(1, max_queued))
         self._stop = threading.Event()
@@ -225,7 +253,7 @@ class SegmentStream:
     def _produce(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             segmenter = Segmenter(self.vad)
-            packer = _Packer(self.window_s) if self.window_s else None
+            packer = _Packer(self.window_s, self.max_parts) if self.window_s else None
             around = _Surroundings(segmenter.config) if packer else None
 
             def put(events: list[VADEvent], flush: bool = False) -> bool:
@@ -311,6 +339,12 @@ async def _worker_for(runner: Engine | Worker) -> AsyncIterator[Worker]:
         await worker.stop()
 
 
+def window_parts(engine: Engine) -> int | None:
+    """How many segments a window may pack for this engine: any number where its results can be checked for
+    coverage (realtime/coverage.py), else one."""
+    return None if coverage.checkable(engine) else 1
+
+
 async def transcribe_results(
     path: str | Path,
     runner: Engine | Worker,
@@ -324,30 +358,31 @@ async def transcribe_results(
     """(segment, result or the engine's error) per speech segment of the file, in order.
 
     Raises AudioDecodeError on input that does not decode. Pass `stream` to read its `duration` afterwards;
-    `window_s` packs segments into windows (see the module docstring) when no `stream` is given.
+    `window_s` packs segments into windows (see the module docstring) when no `stream` is given. Every segment of
+    a window is accounted for (`_account`) before the window's result is given.
     """
-    options = options or TranscribeOptions()
-    segments = stream or SegmentStream(path, vad, window_s=window_s)
+    asked = options or TranscribeOptions()
+    engine = runner.engine if isinstance(runner, Worker) else runner
+    segments = stream or SegmentStream(path, vad, window_s=window_s, max_parts=window_parts(engine))
     iterator = segments.__aiter__()
     name = f"file-{uuid.uuid4().hex[:12]}"
     n = 0
     async with _worker_for(runner) as worker:
         size = max(1, batch_size or worker.batch_size)
+        checked = coverage.check_options(worker.engine, asked)
         try:
             async for first in iterator:
                 batch = [first, *segments.ready(size - 1)]
-                futures = [worker.submit(Job(name, n + i, e.heard, _lane(options), options))
+                futures = [worker.submit(Job(name, n + i, e.heard, _lane(asked),
+                                             checked if isinstance(e, Window) else asked))
                            for i, e in enumerate(batch)]
                 n += len(batch)
                 results = await asyncio.gather(*futures, return_exceptions=True)
                 for end, result in zip(batch, results, strict=True):
-                    if isinstance(end, Window) and isinstance(result, Transcription) and not options.timestamps \
-                            and stopped_early(result.text, end.audio.size / SAMPLE_RATE, len(end.parts)):
-                        log.info("file window %d: %d characters for %.1f s in %d segments, decoding it again",
-                                 end.segment, len(result.text), end.audio.size / SAMPLE_RATE, len(end.parts))
-                        result = await _redecode(worker, name, end, options)
                     if isinstance(end, Window) and isinstance(result, Transcription):
-                        end = end.decoded(result, options.timestamps)
+                        result = await _account(worker, name, end, result, checked, asked)
+                    if isinstance(end, Window) and isinstance(result, Transcription):
+                        end = end.decoded(result, asked.timestamps)
                     yield end, result
         finally:
             worker.cancel_session(name)
@@ -355,23 +390,68 @@ async def transcribe_results(
             await iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _redecode(worker: Worker, name: str, window: Window, options: TranscribeOptions
-                    ) -> Transcription | BaseException:
-    """A window whose decode stopped early, decoded again: with Whisper's timestamps, which carry the decode on
-    past an early end as long-form transcription does, or one packed segment at a time on an engine without."""
-    seconds = window.audio.size / SAMPLE_RATE
-    if worker.engine.timestamps:
-        jobs = [Job(name, window.segment, window.audio, _lane(options), replace(options, timestamps=True))]
+async def _account(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
+                   asked: TranscribeOptions) -> Transcription | BaseException:
+    """The coverage rule (realtime/coverage.py) on a window's result: each segment whose speech its text does not
+    cover is decoded again alone, and its answer takes that segment's place. A result without times (an endpoint
+    that gave none) has every segment of a packed window decoded alone. Word times the caller did not ask for are
+    dropped from the result."""
+    spans = coverage.timing(result)
+    speech = window.heard_speech
+    if spans is None:
+        missing = list(range(len(speech))) if len(speech) > 1 else []
     else:
-        bounds = [round(o * SAMPLE_RATE) for o, _ in window.parts] + [window.audio.size]
-        jobs = [Job(name, window.segment, window.audio[a:b], _lane(options), options)
-                for a, b in itertools.pairwise(bounds)]
-    results = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
-    done = [r for r in results if isinstance(r, Transcription)]
-    if len(done) < len(results):
-        return next(r for r in results if isinstance(r, BaseException))
-    text = " ".join(r.text.strip() for r in done if r.text.strip())
-    return replace(done[0], text=text, duration=seconds, segments=(TimedText(0.0, seconds, text),) if text else ())
+        missing = coverage.uncovered(speech, spans)
+    if missing:
+        log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
+                 window.segment, len(missing), len(speech))
+        redo = coverage.redecode_options(worker.engine, options, asked, packed=len(speech) > 1)
+        jobs = [Job(name, window.segment, window.part_audio(i), _lane(asked), redo) for i in missing]
+        answers = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is not None:
+            return failed
+        result = _splice(window, result, {i: a for i, a in zip(missing, answers, strict=True)
+                                          if isinstance(a, Transcription)})
+    if result.words and not asked.word_timestamps:
+        pieces = result.segments if asked.timestamps else (TimedText(0.0, result.duration, result.text),)
+        result = replace(result, segments=tuple(replace(p, words=()) for p in pieces if p.text))
+    return result
+
+
+def _splice(window: Window, result: Transcription, redone: dict[int, Transcription]) -> Transcription:
+    """The window's result with the segments in `redone` answered by their own decode: its words (or timed
+    pieces) that lie in another segment's audio kept, in order, with the new answers in their places."""
+    bounds = window.bounds()
+
+    def part(t: float) -> int:
+        return min(range(len(bounds)), key=lambda k: max(bounds[k][0] - t, 0.0, t - bounds[k][1]))
+
+    def shifted(answer: Transcription, offset: float, length: float) -> list[TimedText]:
+        pieces = [p for p in answer.segments if p.text.strip()] or (
+            [TimedText(0.0, length, answer.text.strip())] if answer.text.strip() else [])
+        return [TimedText(p.start + offset, p.end + offset, p.text.strip(),
+                          tuple(replace(w, start=w.start + offset, end=w.end + offset) for w in p.words))
+                for p in pieces]
+
+    pieces: list[TimedText] = []
+    if result.words:  # one piece per segment, its words
+        words = [w for w in result.words if part((w.start + w.end) / 2) not in redone]
+        for k, (a, b) in enumerate(bounds):
+            if k in redone:
+                pieces += shifted(redone[k], a, b - a)
+                continue
+            mine = tuple(w for w in words if part((w.start + w.end) / 2) == k)
+            if mine:
+                pieces.append(TimedText(mine[0].start, mine[-1].end, "".join(w.word for w in mine).strip(), mine))
+    else:
+        pieces = [p for p in result.segments if p.text.strip() and part((p.start + p.end) / 2) not in redone]
+        for k, answer in redone.items():
+            pieces += shifted(answer, bounds[k][0], bounds[k][1] - bounds[k][0])
+        pieces.sort(key=lambda p: p.start)
+    text = " ".join(p.text for p in pieces if p.text)
+    return replace(result, text=text, segments=tuple(pieces),
+                   extra={**result.extra, "redecoded": sorted(redone)})
 
 
 async def stream_text(worker: Worker, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:

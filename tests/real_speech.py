@@ -14,7 +14,7 @@ import numpy as np
 import soundfile as sf
 
 from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.corpus import Clip, Compilation, compilation, corpus_wer, loops, read_manifest
+from realtime.corpus import Clip, Compilation, compilation, corpus_wer, loops, lost_runs, read_manifest
 from realtime.synth import wer
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -58,5 +58,11 @@ def matched_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]
     return pairs
 
 
+def long_recording(path: Path) -> Compilation:
+    """Every clip of the set one after another with 0.8 s pauses (about 9.5 minutes, many speakers and
+    conditions): the long recording on which nothing may be lost."""
+    return compilation(clips(), path, gap=0.8)
+
+
 __all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "faster_whisper_texts",
-           "loops", "matched_starts", "norm_word", "quiet_copy", "wer"]
+           "long_recording", "loops", "lost_runs", "matched_starts", "norm_word", "quiet_copy", "wer"]

@@ -104,6 +104,7 @@ def test_app_help_lists_every_setting():
         assert env_name(name) in result.stdout
 
 
+@pytest.mark.fast
 def test_environment_and_flags():
     import os
 

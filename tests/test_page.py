@@ -121,6 +121,7 @@ def test_live_view_carries_on_after_starting_again(run: tuple[Compilation, str, 
     assert txt[:len(after)] == after, (txt, after)
 
 
+@pytest.mark.fast
 def test_output_stream_of_an_ended_connection_ends_and_keeps_its_last_outputs() -> None:
     """The page's output event, started after its connection was cleaned up (a stop while a "fetch_output"
     message was on its way), ends instead of waiting forever on a fresh queue (which kept every later session of

@@ -30,7 +30,7 @@ from realtime.engines import TranscribeOptions
 from realtime.transcribe import transcribe_file
 
 from conftest import ROOT, SPACE_VARIABLES, App, free_port, gone, launch, stop
-from real_speech import clips, compilation, corpus_wer
+from real_speech import clips, compilation, corpus_wer, long_recording, lost_runs
 
 REPLICAS = 2
 MAX_REPLICAS = 3
@@ -113,7 +113,7 @@ def live_speech(tmp_path_factory: pytest.TempPathFactory) -> Compilation:
 
 
 def _post(url: str, path: Path, **fields: str) -> httpx.Response:
-    return httpx.post(url, files={"file": (path.name, path.read_bytes())}, data=fields, timeout=120)
+    return httpx.post(url, files={"file": (path.name, path.read_bytes())}, data=fields, timeout=900)
 
 
 def test_serve_config_builder_takes_the_commands_options():
@@ -209,6 +209,24 @@ def test_every_response_format_and_streaming_through_the_pool(pool: Pool):
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_response_format"
     models = httpx.get(f"{pool.url}/v1/models", timeout=10).json()
     assert models["data"][0]["id"] == "tiny.en (bundled)"
+
+
+def test_a_long_recording_through_the_pool_is_transcribed_as_the_embedded_engine_does(pool: Pool, front: App,
+                                                                                     app: App, tmp_path: Path):
+    """9.5 minutes of real speech (every clip of tests/data joined) to the front end, whose remote engine is the
+    pool, and to an app on the embedded engine: within half a point (each packed window checked for coverage,
+    realtime/coverage.py; the lost stretches are printed)."""
+    comp = long_recording(tmp_path / "long.wav")
+    texts = {}
+    for name, target in (("pool", front), ("embedded", app)):
+        r = _post(f"{target.url}/v1/audio/transcriptions", comp.path)
+        assert r.status_code == 200, r.text
+        texts[name] = r.json()["text"]
+    figures = {k: corpus_wer([comp.text], [v]) for k, v in texts.items()}
+    lost = {k: lost_runs(comp.text, v) for k, v in texts.items()}
+    print(f"\nlong recording, WER: {', '.join(f'{k} {100 * v:.2f} %' for k, v in figures.items())}; stretches of 5+ "
+          f"words lost: { {k: len(v) for k, v in lost.items()} }")
+    assert abs(figures["pool"] - figures["embedded"]) <= 0.005
 
 
 def _check_live(live_speech: Compilation, events: list[dict[str, Any]]) -> str:

@@ -76,6 +76,7 @@ def encode(audio16k: np.ndarray, fmt: str) -> tuple[int, bytes]:
     return 8000, (ulaw_encode(x) if fmt == "audio/pcmu" else alaw_encode(x))
 
 
+@pytest.mark.fast
 def test_g711_tables_decode_what_the_reference_encoder_wrote():
     t = np.linspace(0, 1, 8000, endpoint=False)
     x = (0.5 * np.sin(2 * np.pi * 440 * t) * np.linspace(0.01, 1, t.size)).astype(np.float32)
@@ -86,6 +87,7 @@ def test_g711_tables_decode_what_the_reference_encoder_wrote():
     assert ULAW[0xFF] == 0 and abs(ALAW[0xD5]) < 1e-3
 
 
+@pytest.mark.fast
 def test_remainder_never_takes_words_back():
     assert remainder([], "Hello there.") == ["Hello", "there."]
     assert remainder(["And", "so", "my"], "And so, my fellow Americans") == ["fellow", "Americans"]

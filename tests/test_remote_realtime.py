@@ -37,6 +37,7 @@ def back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     stop(app)
 
 
+@pytest.mark.fast
 def test_realtime_url_follows_the_scheme():
     assert parse_endpoint("http://gpu:7860/v1/audio/transcriptions").realtime_url == (
         "ws://gpu:7860/v1/realtime?intent=transcription")

@@ -127,6 +127,7 @@ def test_engine_failure_is_an_error_entry_and_the_session_goes_on(engine, speech
     assert [e.kind for e in snapshot.entries] == ["error", "final"]
 
 
+@pytest.mark.fast
 def test_local_agreement_commits_what_two_hypotheses_share():
     la = LocalAgreement()
     h1 = la.update("the quick brown")
@@ -140,6 +141,7 @@ def test_local_agreement_commits_what_two_hypotheses_share():
     assert h4.text.endswith("over the")
 
 
+@pytest.mark.fast
 def test_partials_are_cut_where_whisper_starts_over():
     assert trim_loop("We will meet at the library. We will meet at the library") == (
         "We will meet at the library.")

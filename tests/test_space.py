@@ -74,6 +74,7 @@ def space_names() -> dict[str, str]:
 # -- configuration files
 
 
+@pytest.mark.fast
 def test_front_matter_is_space_yaml_default_variant() -> None:
     fm = front_matter()
     assert fm == SPACE_YAML["front_matter"]
@@ -87,6 +88,7 @@ def test_front_matter_is_space_yaml_default_variant() -> None:
     assert (3, 10) <= tuple(int(p) for p in fm["python_version"].split(".")[:2])  # requires-python >= 3.10
 
 
+@pytest.mark.fast
 def test_space_yaml_variants_document_every_setting() -> None:
     variants = SPACE_YAML["variants"]
     assert set(variants) == {"cpu", "cpu-remote", "gpu-vllm"}
@@ -119,6 +121,7 @@ def test_space_yaml_variants_document_every_setting() -> None:
     assert 'CMD [".venv/bin/python", "app.py"]' in dockerfile
 
 
+@pytest.mark.fast
 def test_readme_names_every_secret_and_the_duplicate_steps() -> None:
     readme = (ROOT / "README.md").read_text()
     duplicate = readme[readme.index("### Duplicate this Space"):]
@@ -128,6 +131,7 @@ def test_readme_names_every_secret_and_the_duplicate_steps() -> None:
     assert "ENDPOINT_URL" in duplicate and "REALTIME_ENGINE=remote" in duplicate
 
 
+@pytest.mark.fast
 def test_every_space_variable_is_read_by_the_app() -> None:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     base = from_namespace(argparse.Namespace(), environ={})
@@ -143,6 +147,7 @@ def test_every_space_variable_is_read_by_the_app() -> None:
         assert getattr(settings, field) == probe, f"{name} does not reach --{field.replace('_', '-')}"
 
 
+@pytest.mark.fast
 def test_space_variables_map_onto_settings() -> None:
     env = {**SPACE_ENV, "GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7860", "HF_TOKEN": "hf_x",
            "ENDPOINT_URL": "https://e.example/api/v1/audio/transcriptions", "ENDPOINT_TOKEN": "tok",
@@ -164,6 +169,7 @@ def test_space_variables_map_onto_settings() -> None:
     assert space_environ({"HF_TOKEN": ""}) == {"HF_TOKEN": ""}  # an empty Space secret sets nothing
 
 
+@pytest.mark.fast
 def test_turn_provider_order_and_credentials() -> None:
     def provider(**kw: Any) -> str:
         return resolve_provider(Settings(**kw))
@@ -189,6 +195,7 @@ def test_turn_provider_order_and_credentials() -> None:
                                  "turn:turn.cloudflare.com:80?transport=tcp"]
 
 
+@pytest.mark.fast
 def test_page_notice_for_browsers_that_may_not_connect() -> None:
     local = Turn(Settings())  # no TURN: fine on this machine, a note for a page opened from elsewhere
     assert local.notice(None) is None

@@ -1,4 +1,5 @@
-"""Streaming VAD on synthesized speech with known gaps (real Silero model)."""
+"""Streaming VAD: the real Silero model on synthesized speech with known gaps, and the segmenter's rules alone on
+recorded probabilities (fast)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from realtime.audio import decode_file
-from realtime.vad import SegmentEnd, Segmenter, SegmentStart, VADConfig
+from realtime.vad import WINDOW, SegmentEnd, Segmenter, SegmentStart, VADConfig
 
 from speech import SENTENCES, compose
 
@@ -79,6 +80,7 @@ def test_silence_and_noise_give_no_segment(kind):
     assert run(audio) == []
 
 
+@pytest.mark.fast
 def test_short_burst_is_dropped():
     rng = np.random.default_rng(2)
     audio = np.zeros(16000 * 3, dtype=np.float32)
@@ -86,8 +88,84 @@ def test_short_burst_is_dropped():
     assert [e for e in run(audio) if isinstance(e, SegmentEnd)] == []
 
 
+@pytest.mark.fast
 def test_invalid_config_is_refused():
     with pytest.raises(ValueError):
         VADConfig(threshold=0.3, neg_threshold=0.5)
     with pytest.raises(ValueError):
         VADConfig(max_segment_s=45)
+
+
+class Replay:
+    """Silero's place taken by recorded probabilities, one per 512-sample window: the segmenter's rules alone."""
+
+    def __init__(self, probabilities: list[float]) -> None:
+        self.probabilities = iter(probabilities)
+
+    def new_state(self) -> None:
+        return None
+
+    def __call__(self, window: np.ndarray, state: None) -> float:
+        return next(self.probabilities)
+
+
+def replay(probabilities: list[float], config: VADConfig | None = None) -> list:
+    """The events for a stream of windows with these probabilities (the audio itself a constant tone)."""
+    seg = Segmenter(config, model=Replay(probabilities))
+    audio = np.full(len(probabilities) * WINDOW, 0.05, dtype=np.float32)
+    return seg.feed(audio) + seg.flush()
+
+
+def windows(seconds: float) -> int:
+    return round(seconds * 16000 / WINDOW)
+
+
+@pytest.mark.fast
+def test_recorded_probabilities_open_and_close_segments_with_hysteresis_and_padding():
+    """Speech from window 10 to 40, a dip to 0.4 (above the silence threshold) inside it, then silence."""
+    probs = [0.1] * 10 + [0.9] * 10 + [0.4] * 5 + [0.9] * 15 + [0.1] * 30
+    events = replay(probs)
+    starts = [e for e in events if isinstance(e, SegmentStart)]
+    ends = [e for e in events if isinstance(e, SegmentEnd)]
+    assert len(starts) == len(ends) == 1, "the dip above neg_threshold is no pause"
+    w = WINDOW / 16000
+    assert starts[0].start == pytest.approx(10 * w) and ends[0].start == pytest.approx(10 * w)
+    assert ends[0].end == pytest.approx(40 * w)
+    assert ends[0].audio_start == pytest.approx(10 * w - 0.2, abs=w), "200 ms of padding before"
+    assert ends[0].audio_start + ends[0].audio.size / 16000 == pytest.approx(40 * w + 0.2), "200 ms after"
+
+
+@pytest.mark.fast
+def test_recorded_probabilities_pause_shorter_than_min_silence_keeps_one_segment():
+    short, long = windows(0.3), windows(0.5)
+    one = replay([0.9] * 20 + [0.1] * short + [0.9] * 20 + [0.1] * 30)
+    two = replay([0.9] * 20 + [0.1] * long + [0.9] * 20 + [0.1] * 30)
+    assert len([e for e in one if isinstance(e, SegmentEnd)]) == 1
+    ends = [e for e in two if isinstance(e, SegmentEnd)]
+    assert [e.segment for e in ends] == [0, 1] and not any(e.forced for e in ends)
+
+
+@pytest.mark.fast
+def test_recorded_probabilities_burst_below_min_speech_is_dropped():
+    config = VADConfig(min_speech_ms=100)
+    assert not replay([0.1] * 5 + [0.9] * 2 + [0.1] * 30, config), "two windows (64 ms) of speech"
+    kept = [e for e in replay([0.1] * 5 + [0.9] * 4 + [0.1] * 30, config) if isinstance(e, SegmentEnd)]
+    assert len(kept) == 1
+
+
+@pytest.mark.fast
+def test_recorded_probabilities_long_speech_is_cut_at_its_quietest_window():
+    """10 s of speech with max_segment_s 4: cut at the least probable window of each segment's last third, the
+    pieces contiguous, nothing lost."""
+    n = windows(10.0)
+    probs = [0.95] * n
+    dip = windows(3.2)
+    probs[dip] = 0.55  # the quietest window in the first segment's last third
+    events = replay([0.1] * 3 + probs + [0.1] * 30, VADConfig(max_segment_s=4.0))
+    ends = [e for e in events if isinstance(e, SegmentEnd)]
+    w = WINDOW / 16000
+    assert ends[0].forced and ends[0].end == pytest.approx((3 + dip) * w)
+    assert all(e.end - e.start <= 4.0 + w for e in ends)
+    for a, b in itertools.pairwise(ends):
+        assert b.start == pytest.approx(a.end), "a forced cut loses nothing"
+    assert ends[-1].end == pytest.approx((3 + n) * w) and not ends[-1].forced

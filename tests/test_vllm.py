@@ -70,6 +70,7 @@ class Loop:
 # -- configuration and prompts (no engine needed)
 
 
+@pytest.mark.fast
 def test_gpu_defaults_fp8_cuda_graphs_and_batch_budget():
     req = Requested(model="m", max_num_seqs=16)
     hopper = resolve_engine_args(req, Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0)))
@@ -127,6 +128,7 @@ def test_decoder_prompts_for_multilingual_and_english_only(cache_dir):
     assert len(base.languages) == 99 and len(base.suppress) > 80
 
 
+@pytest.mark.fast
 def test_long_audio_is_cut_at_quiet_points():
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(16000 * 70)).astype(np.float32)
@@ -421,5 +423,6 @@ def test_transcribe_command_with_the_bundled_english_only_model(tmp_path, speech
                          cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert wer(speech.text, out.stdout) <= 0.2
-    assert len([line for line in out.stdout.splitlines() if line.strip()]) == 1  # both segments in one window
+    # vLLM's answers carry no times to check a packed window's coverage by (realtime/coverage.py): a window each
+    assert len([line for line in out.stdout.splitlines() if line.strip()]) == 2
     assert [p.name.split("-")[0] for p in (tmp_path / "cache").iterdir()] == ["meeting"]

@@ -39,12 +39,6 @@ LOOP_SPAN = 3
 LOOP_REPEATS = {1: 6, 2: 3}
 """Shorter runs are loops when they come this many times in a row (people do say "word word word")."""
 
-SPARSE_CHARS_PER_SECOND = 5.0
-"""A window of several segments whose text is sparser than this has stopped early: without timestamp tokens
-Whisper can end the decode after one speaker's sentence and drop the rest of the window (speech is about
-twelve to sixteen characters a second, digits read out about three)."""
-SPARSE_MIN_SECONDS = 10.0
-
 _PUNCT = re.compile(r"[^\w']+")
 
 
@@ -65,11 +59,6 @@ def normalise(audio: np.ndarray) -> np.ndarray:
 def max_new_tokens(duration: float) -> int:
     """The longest decode a clip of `duration` seconds gets (a loop runs into it early)."""
     return TOKENS_MIN + int(TOKENS_PER_SECOND * duration)
-
-
-def stopped_early(text: str, seconds: float, parts: int) -> bool:
-    """Whether the text of a packed window (`parts` segments, `seconds` of audio) leaves most of it unsaid."""
-    return parts >= 2 and seconds >= SPARSE_MIN_SECONDS and len(text.strip()) < SPARSE_CHARS_PER_SECOND * seconds
 
 
 def _key(word: str) -> str:

@@ -21,6 +21,10 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
   flight. When no endpoint is usable, requests fail at once with `EndpointUnavailable` (it carries a
   retry delay), or go to the fallback engine when one is configured (`--remote-fallback`); `describe()`
   says which one is in use, and the page shows it.
+- Timestamps: a request with `timestamps` (timed formats, and every packed window of a file, whose answer the file
+  path checks for coverage: realtime/coverage.py) asks `verbose_json` and reads its timed `segments`. An endpoint
+  that refuses `verbose_json` (400/422) is asked `json` from then on; its answers carry no times, and a window's
+  segments are then asked one by one.
 - Streaming: with `stream=True` OpenAI-style endpoints are asked for Server-Sent Events; both vLLM's chunks
   (`choices[].delta.content`, then `[DONE]`) and OpenAI's `transcript.text.delta` / `transcript.text.done`
   events are read. `_decode_stream` hands the deltas on as they arrive (the HTTP API forwards them).
@@ -118,6 +122,8 @@ class Endpoint:
     last_error: str | None = None
     picked: int = field(default=0, repr=False)
     prompt_warned: bool = field(default=False, repr=False)
+    timed: bool = True
+    """Whether the endpoint answers `verbose_json` (False once it refused it: such requests then ask `json`)."""
 
     def usable(self, now: float) -> bool:
         return self.state == "closed" and now >= self.blocked_until
@@ -489,7 +495,7 @@ class RemoteEngine(EngineBase):
                 with contextlib.suppress(httpx.HTTPError):
                     await self._models(ep, httpx.Timeout(max(self.connect_timeout, 2.0)))
             data["model"] = self.model or ep.model or "whisper-1"
-            data["response_format"] = "verbose_json" if options.timestamps else "json"
+            data["response_format"] = "verbose_json" if options.timestamps and ep.timed else "json"
             language = options.language or self.language
             if language and options.task != "translate":
                 data["language"] = language
@@ -512,6 +518,10 @@ class RemoteEngine(EngineBase):
                 if r.status_code != 200:
                     await r.aread()
                     message = f"{r.status_code} {_error_message(r)}"
+                    if r.status_code in (400, 422) and data.get("response_format") == "verbose_json":
+                        ep.timed = False  # an endpoint without timestamps: ask for text, as before
+                        log.warning("%s refused verbose_json (%s): asking it for json from now on", ep.url, message)
+                        raise _Retryable(message)
                     if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
                         raise _Retryable(message, _retry_after(r))
                     if r.status_code in (401, 403):
