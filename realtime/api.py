@@ -35,6 +35,7 @@ import math
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,16 +49,18 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
+from . import coverage
 from . import transcript as fmt
 from .access import bearer, is_key
-from .audio import AudioDecodeError
+from .audio import SAMPLE_RATE, AudioDecodeError, decode_file
 from .engines import EngineUnavailable, TranscribeOptions, Transcription
 from .engines.base import unsupported_language
-from .engines.types import LANE_HEADER, Word
+from .engines.types import APP_OWNER, CLIP_HEADER, LANE_HEADER, Word
 from .service import TranscriptionService
 from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results, window_parts
 from .transcript import Entry
 from .vad import SegmentEnd
+from .worker import Job
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,8 @@ NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "ap
 _LANGUAGE = re.compile(r"^[a-z]{2,3}$")
 _SUFFIX = re.compile(r"^\.[a-z0-9]{1,5}$")
 MAX_PROMPT_CHARS = 4000
+CLIP_MAX_S = 60.0
+"""Longest upload decoded whole for another instance (CLIP_HEADER); a longer one takes the usual path."""
 MIN_LINE_CHARS, MAX_LINE_CHARS = 10, 200
 
 
@@ -395,6 +400,35 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                              "text": text, "segments": verbose, **({"words": words} if params.words else {}),
                              "usage": usage})
 
+    async def respond_clip(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
+        """The upload decoded whole, as the file path decodes a packed window to check its coverage (CLIP_HEADER:
+        another instance's remote engine sent a window it packed and checks it itself): `verbose_json` with the
+        times this engine has, words (with Whisper's leading spaces) where it aligns them, else timed pieces."""
+        try:
+            audio = await asyncio.to_thread(decode_file, path)
+        except AudioDecodeError as exc:
+            raise APIError(400, f"the file is not decodable audio ({_clean(exc, path)})", "invalid_audio") from None
+        if audio.size > CLIP_MAX_S * SAMPLE_RATE:
+            return await respond(params, task, path, options)
+        checked = coverage.check_options(service.engine, options)
+        job = Job(f"clip-{uuid.uuid4().hex[:12]}", 0, audio, "final" if options.live else "file", checked)
+        try:
+            result = await service.file_worker().submit(job)
+        except Exception as exc:
+            raise engine_error(exc) from None
+        pieces = [p for p in result.segments if p.text.strip()]
+        duration = round(audio.size / SAMPLE_RATE, 3)
+        return JSONResponse({
+            "task": task, "language": result.language or options.language or "en", "duration": duration,
+            "text": result.text.strip(),
+            "segments": [{"id": i, "seek": 0, "start": round(p.start, 3), "end": round(p.end, 3),
+                          "text": p.text.strip(), "tokens": [],
+                          "temperature": float(result.extra.get("temperature", 0.0)),
+                          "avg_logprob": result.avg_logprob or 0.0, "compression_ratio": 0.0,
+                          "no_speech_prob": result.no_speech_prob or 0.0} for i, p in enumerate(pieces)],
+            "words": [{"word": w.word, "start": w.start, "end": w.end} for w in result.words],
+            "usage": {"type": "duration", "seconds": duration}})
+
     async def events(path: Path, options: TranscribeOptions) -> AsyncIterator[str]:
         """OpenAI's streaming events: a delta per piece of text (the engine's own deltas, or Whisper's timed pieces
         of each packed window), then the whole text."""
@@ -497,6 +531,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
                                         prompt=params.prompt, temperature=params.temperature, live=live)
             if not params.stream:
+                if params.response_format == "verbose_json" and \
+                        request.headers.get(CLIP_HEADER, "").strip().lower() == "checked":
+                    return await respond_clip(params, task, path, options)
                 return await respond(params, task, path, options)
 
             released = False
@@ -553,7 +590,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         info = service.engine.describe()
         return JSONResponse({"object": "list", "data": [{
             "id": str(info.get("model")), "object": "model", "created": int(service.started_at),
-            "owned_by": "realtime-transcription", "engine": info.get("engine"), "ready": service.engine.ready,
+            "owned_by": APP_OWNER, "engine": info.get("engine"), "ready": service.engine.ready,
         }]})
 
     # Another method on these routes would fall through to the page's catch-all mount (a 404 in another

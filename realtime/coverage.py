@@ -7,7 +7,9 @@ result's times say which audio its text came from: the words aligned on the enco
 long stretch that no text lies over is `uncovered`; the file path decodes it again on its own (`redecode_options`)
 and that answer stands for it: its text, Whisper's no-speech verdict, or an error entry.
 
-An engine that gives no times cannot be checked this way: its windows hold one segment each (`checkable`).
+A packed window whose greedy decode the decoding policy rejected (a loop, a guess) is not trusted to a sample at a
+higher temperature either: each of its segments is decoded alone (`sampled`). An engine that gives no times cannot
+be checked this way: its windows hold one segment each (`checkable`).
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def check_options(engine: Engine, options: TranscribeOptions) -> TranscribeOptio
     if options.timestamps or options.word_timestamps or not checkable(engine):
         return options
     if engine.word_timestamps:
-        return replace(options, word_timestamps=True)
-    return replace(options, timestamps=True)
+        return replace(options, word_timestamps=True, coverage=True)
+    return replace(options, timestamps=True, coverage=True)
 
 
 def redecode_options(engine: Engine, options: TranscribeOptions, asked: TranscribeOptions,
@@ -54,7 +56,7 @@ def redecode_options(engine: Engine, options: TranscribeOptions, asked: Transcri
     whose text stopped short is decoded with Whisper's timestamp tokens where the engine gives them (long-form
     decoding carries on past an early end). Word times only if `asked`."""
     timestamps = asked.timestamps or (engine.timestamps and not packed)
-    return replace(options, timestamps=timestamps, word_timestamps=asked.word_timestamps)
+    return replace(options, timestamps=timestamps, word_timestamps=asked.word_timestamps, coverage=False)
 
 
 def timing(result: Transcription) -> list[Span] | None:
@@ -69,6 +71,13 @@ def timing(result: Transcription) -> list[Span] | None:
     if len(pieces) == 1 and pieces[0][0] <= 0.0 and pieces[0][1] >= result.duration - 0.01:
         return None
     return pieces or None
+
+
+def sampled(result: Transcription) -> bool:
+    """Whether the decoding policy rejected the greedy decode and the text was sampled at a higher temperature:
+    for a packed window, a guess worth less than its segments' greedy decodes one by one (and one that differs
+    from run to run)."""
+    return float(result.extra.get("temperature") or 0.0) > 0.0
 
 
 def longest_gap(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> float:
@@ -99,4 +108,4 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
 
 
 __all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "REACH_S", "Span", "check_options", "checkable", "longest_gap",
-           "redecode_options", "timing", "uncovered"]
+           "redecode_options", "sampled", "timing", "uncovered"]

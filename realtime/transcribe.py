@@ -394,11 +394,12 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
                    asked: TranscribeOptions) -> Transcription | BaseException:
     """The coverage rule (realtime/coverage.py) on a window's result: each segment whose speech its text does not
     cover is decoded again alone, and its answer takes that segment's place. A result without times (an endpoint
-    that gave none) has every segment of a packed window decoded alone. Word times the caller did not ask for are
-    dropped from the result."""
+    that gave none), or one sampled after the greedy decode was rejected, has every segment of a packed window
+    decoded alone. A text format's window stays one piece,
+    and word times the caller did not ask for are dropped from the result."""
     spans = coverage.timing(result)
     speech = window.heard_speech
-    if spans is None:
+    if spans is None or coverage.sampled(result):
         missing = list(range(len(speech))) if len(speech) > 1 else []
     else:
         missing = coverage.uncovered(speech, spans)
@@ -413,9 +414,12 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
             return failed
         result = _splice(window, result, {i: a for i, a in zip(missing, answers, strict=True)
                                           if isinstance(a, Transcription)})
-    if result.words and not asked.word_timestamps:
-        pieces = result.segments if asked.timestamps else (TimedText(0.0, result.duration, result.text),)
-        result = replace(result, segments=tuple(replace(p, words=()) for p in pieces if p.text))
+    if not asked.timestamps:  # a text format: the window is one entry
+        words = result.words if asked.word_timestamps else ()
+        text = result.text.strip()
+        result = replace(result, segments=(TimedText(0.0, result.duration, text, words),) if text else ())
+    elif result.words and not asked.word_timestamps:
+        result = replace(result, segments=tuple(replace(p, words=()) for p in result.segments if p.text))
     return result
 
 

@@ -127,7 +127,8 @@ class FakeEndpoint:
                              "segment": _segment_id(wav) if wav else None, "port": self.client_address[1],
                              "digest": hashlib.sha1(wav or b"").hexdigest()[:12], "seconds": seconds,
                              "auth": self.headers.get("authorization"),
-                             "lane": self.headers.get("x-transcription-lane")}
+                             "lane": self.headers.get("x-transcription-lane"),
+                             "clip": self.headers.get("x-transcription-clip")}
                     endpoint.log.append(entry)
                 endpoint.on_request(self, behaviour, entry, body)
 

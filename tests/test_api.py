@@ -89,6 +89,24 @@ def test_every_response_format(api, speech):
     assert len(re.findall(r"^\d\d:\d\d:\d\d\.\d{3} --> \d\d:\d\d:\d\d\.\d{3}$", vtt.text, flags=re.M)) == len(pieces)
 
 
+def test_another_instance_gets_a_packed_window_decoded_whole_with_its_word_times(api, speech):
+    """CLIP_HEADER (sent by the remote engine of another instance, for a window it packed and checks itself): the
+    upload decoded as one clip, as the file path decodes a window to check its coverage (realtime/coverage.py):
+    no second VAD cut, its words with Whisper's leading spaces; the same words as the usual answer."""
+    audio = speech.path.read_bytes()
+    r = httpx.post(f"{api.url}/v1/audio/transcriptions", data={"response_format": "verbose_json"},
+                   files={"file": ("w.wav", audio, "audio/wav")}, headers={"X-Transcription-Clip": "checked"},
+                   timeout=120)
+    doc = r.json()
+    assert r.status_code == 200 and len(doc["segments"]) == 1, doc["segments"]
+    words = doc["words"]
+    assert words and sum(w["word"].startswith(" ") for w in words) >= len(words) - 2, words  # "o" "'clock"
+    assert "".join(w["word"] for w in words).strip() == doc["text"] and wer(speech.text, doc["text"]) <= 0.15
+    assert all(a["end"] <= b["start"] + 0.5 for a, b in itertools.pairwise(words))
+    usual = post(api, file=audio, response_format="verbose_json").json()
+    assert "words" not in usual and len(usual["segments"]) >= 2, "without the header: the usual timed answer"
+
+
 def assert_timed(pieces: list[dict], spans: list[tuple[float, float]]) -> None:
     """Whisper's timed pieces of the packed windows, in the file's time: in order, each sentence's speech inside
     one of them."""

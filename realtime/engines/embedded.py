@@ -6,9 +6,11 @@ directory can be given instead (hub models are downloaded by faster-whisper as u
 
 Speech segments (at most 30 s) take a fast path: the encoder sees the clip plus a margin of silence instead of
 a whole 30 s window (less work for a few seconds of speech), and clips from several sessions are encoded and
-decoded as one batch. A decode the decoding policy (policy.py) rejects, a loop above all, is tried again at a
-higher temperature with the whole window, as Whisper was trained. Longer clips, and requests for timestamps,
-go through faster-whisper's own `transcribe` under the same policy.
+decoded as one batch, padded to its longest clip. A file's clips are batched only with clips of the same
+encoder length, so that what a file's clip is batched with does not change its text. A decode the decoding
+policy (policy.py) rejects, a loop above all, is tried again at a higher temperature with the whole window, as
+Whisper was trained. Longer clips, and requests for timestamps, go through faster-whisper's own `transcribe`
+under the same policy.
 
 With two or more CPU threads the model runs as two CTranslate2 workers, each with half the threads, and a
 batch is split between them: Whisper's small matrices parallelise poorly inside one call (tiny.en decodes a
@@ -222,9 +224,10 @@ class EmbeddedEngine(EngineBase):
                     results[i] = self._transcribe_long(audios[i], opts)
                 except Exception as exc:
                     results[i] = exc
-            else:
+            else:  # a file's clips go with clips of their own encoder length: their text is theirs alone
+                own = None if opts.partial or opts.live else encoder_frames(audio.size // 160 + 1, False)
                 key = (opts.language or self.language, opts.task, opts.prompt,
-                       1 if opts.partial else self.beam_size, opts.temperature, opts.partial, opts.word_timestamps)
+                       1 if opts.partial else self.beam_size, opts.temperature, opts.partial, opts.word_timestamps, own)
                 groups.setdefault(key, []).append(i)
 
         def decode(idxs: list[int]) -> None:
@@ -263,9 +266,7 @@ class EmbeddedEngine(EngineBase):
         t0 = time.perf_counter()
         m = self._model
         feats = [m.feature_extractor(a) for a in audios]
-        margin = PARTIAL_MARGIN_FRAMES if options.partial else CONTEXT_MARGIN_FRAMES
-        longest = max(f.shape[1] for f in feats)
-        ctx = min(MAX_FRAMES, -(-(longest + margin) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
+        ctx = encoder_frames(max(f.shape[1] for f in feats), options.partial)
         batch = self._features(feats, ctx)
         encoded = self._encode(batch)
         full = batch if ctx == MAX_FRAMES else None  # the whole window, which retries see
@@ -451,6 +452,13 @@ class EmbeddedEngine(EngineBase):
             "beam_size": self.beam_size,
             "ready": self.ready,
         }
+
+
+def encoder_frames(frames: int, partial: bool) -> int:
+    """The encoder input for a clip of `frames` feature frames: the clip plus a margin of silence, in steps, at most
+    Whisper's 30 s window. A batch is padded to its longest clip's."""
+    margin = PARTIAL_MARGIN_FRAMES if partial else CONTEXT_MARGIN_FRAMES
+    return min(MAX_FRAMES, -(-(frames + margin) // CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES)
 
 
 def _words_within(text: str, words: tuple[Word, ...]) -> tuple[Word, ...]:

@@ -54,7 +54,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -63,7 +63,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, wav_bytes
 from . import policy
 from .base import Engine, EngineBase, EngineError, EngineUnavailable, TimedText, TranscribeOptions, Transcription
-from .types import LANE_HEADER
+from .types import APP_OWNER, CLIP_HEADER, LANE_HEADER, Word
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -512,7 +512,11 @@ class RemoteEngine(EngineBase):
                 stream = True
                 data["stream"] = "true"
         files = {"file": ("segment.wav", wav, "audio/wav")}
-        headers = {LANE_HEADER: "final"} if options.live and not options.partial else None
+        headers: dict[str, str] = {}
+        if options.live and not options.partial:
+            headers[LANE_HEADER] = "final"
+        if options.coverage and options.timestamps and ep.owner == APP_OWNER and data.get("response_format"):
+            headers[CLIP_HEADER] = "checked"  # decoded whole, as that instance's file path decodes a window
         try:
             async with self._client.stream("POST", url, data=data, files=files, headers=headers) as r:
                 if r.status_code != 200:
@@ -652,9 +656,22 @@ class RemoteEngine(EngineBase):
         for seg in doc.get("segments") or []:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 segments.append(TimedText(float(seg["start"]), float(seg["end"]), str(seg["text"]).strip()))
+        words: list[Word] = []
+        for w in doc.get("words") or []:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                words.append(Word(float(w["start"]), float(w["end"]), str(w["word"])))
+        if words:  # each word to the timed piece nearest its middle
+            pieces = segments or [TimedText(words[0].start, words[-1].end, doc["text"].strip())]
+            mine: list[list[Word]] = [[] for _ in pieces]
+            for w in words:
+                t = (w.start + w.end) / 2
+                mine[min(range(len(pieces)), key=lambda k: max(pieces[k].start - t, 0.0, t - pieces[k].end))].append(w)
+            segments = [replace(p, words=tuple(ws)) for p, ws in zip(pieces, mine, strict=True)]
+        temperatures = [float(seg.get("temperature") or 0.0) for seg in doc.get("segments") or []
+                         if isinstance(seg, dict) and isinstance(seg.get("temperature"), int | float)]
         language = doc.get("language")
         return Transcription(text=doc["text"].strip(), language=language if isinstance(language, str) else None,
-                             segments=tuple(segments))
+                             segments=tuple(segments), extra={"temperature": max(temperatures, default=0.0)})
 
     @staticmethod
     async def _read_sse(r: httpx.Response, on_delta: Callable[[str], None]) -> Transcription:
