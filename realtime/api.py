@@ -430,8 +430,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             "usage": {"type": "duration", "seconds": duration}})
 
     async def events(path: Path, options: TranscribeOptions) -> AsyncIterator[str]:
-        """OpenAI's streaming events: a delta per piece of text (the engine's own deltas, or Whisper's timed pieces
-        of each packed window), then the whole text."""
+        """OpenAI's streaming events: a delta per piece of text (a streaming engine's own deltas for each segment,
+        else the timed pieces of each packed window, once its coverage is checked), then the whole text."""
         engine = service.engine
         texts: list[str] = []
 
@@ -439,8 +439,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         try:
+            # a streaming engine's deltas carry no times to check a packed window by: a window per segment
             segments = SegmentStream(path, settings.vad_config(), window_s=settings.file_window_s or None,
-                                     max_parts=window_parts(engine))
+                                     max_parts=1 if engine.streaming else window_parts(engine))
             if engine.streaming:
                 async for end in segments:
                     parts: list[str] = []

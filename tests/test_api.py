@@ -498,13 +498,18 @@ def test_engine_down_answers_503_with_retry_after(gated, speech):
 
 def test_streamed_endpoint_deltas_reach_the_api_client(gated, speech):
     app, endpoint = gated
-    endpoint.script.append("sse-vllm")  # the three sentences are one packed window: one request
+    endpoint.script.append("sse-vllm")  # streamed deltas carry no times: each sentence is its own request
+    before = len(endpoint.requests())
     client = OpenAI(base_url=f"{app.url}/v1", api_key="sekret", max_retries=0)
     with open(speech.path, "rb") as f:
         events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
-    assert [e.delta for e in events[:-1]] == SSE_WORDS
-    assert events[-1].type == "transcript.text.done" and events[-1].text == "".join(SSE_WORDS)
-    assert endpoint.requests()[-1]["fields"].get("stream") == "true"
+    deltas = [e.delta for e in events[:-1]]
+    assert deltas[:len(SSE_WORDS)] == SSE_WORDS
+    assert len(deltas) == len(SSE_WORDS) + len(speech.texts) - 1 and all(
+        d.startswith(" segment ") for d in deltas[len(SSE_WORDS):])
+    assert events[-1].type == "transcript.text.done" and events[-1].text == "".join(deltas)
+    asked = endpoint.requests()[before:]
+    assert len(asked) == len(speech.texts) and all(r["fields"].get("stream") == "true" for r in asked)
     assert not endpoint.script
 
 
