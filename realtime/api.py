@@ -54,7 +54,7 @@ from . import transcript as fmt
 from .access import bearer, is_key
 from .audio import SAMPLE_RATE, AudioDecodeError, decode_file
 from .engines import EngineUnavailable, TranscribeOptions, Transcription
-from .engines.base import unsupported_language
+from .engines.base import unsupported_language, unsupported_translation
 from .engines.types import APP_OWNER, CLIP_HEADER, LANE_HEADER, Word
 from .service import TranscriptionService
 from .transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results, window_parts
@@ -482,10 +482,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
     async def handle(request: Request, task: str) -> Response:
         nonlocal running
         check_key(request)
-        info = check_ready()
-        if task == "translate" and not service.engine.translates:
-            raise APIError(400, f"the model {info.get('model')} is English-only and cannot translate; use "
-                                "/v1/audio/transcriptions or a multilingual model", "translation_unsupported")
+        check_ready()
+        if task == "translate" and (why := unsupported_translation(service.engine)) is not None:
+            raise APIError(400, why, "translation_unsupported")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise APIError(413, f"the upload ({int(length) / 1e6:.0f} MB) is larger than the limit of "

@@ -5,6 +5,7 @@
     python -m realtime bench quant  [--audio MANIFEST.tsv] [--vllm base]
     python -m realtime bench soak   --minutes M --clients N [--audio FILE --text REFERENCE] [--url URL --pid PID]
     python -m realtime bench pool   [--autoscale 1:3] [--clients 1,2,4,8] [--beside-embedded]  (realtime/bench_pool.py)
+    python -m realtime bench gpu    [--model M] [--concurrency 1,16,64]  (realtime/bench_gpu.py: an NVIDIA GPU)
 
 All take --out DIR. A manifest is tests/data/manifest.tsv's format: real clips with their reference texts.
 
@@ -996,9 +997,11 @@ def main(argv: list[str]) -> int:
     q.add_argument("--vllm", default="base", help="models for the vLLM KV-cache rows (model dtype vs fp8), "
                                                   "comma-separated (tiny.en, base); empty for none")
     q.add_argument("--out", default="bench-out")
+    from .bench_gpu import add_parser as add_gpu_parser
     from .bench_pool import add_parser as add_pool_parser
 
     add_pool_parser(sub)
+    add_gpu_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -1015,6 +1018,10 @@ def main(argv: list[str]) -> int:
 
         doc = bench_pool(args)
         return 0 if doc["summary"]["lost_segments"] == 0 and doc["summary"]["back_down"] else 1
+    elif args.kind == "gpu":
+        from .bench_gpu import bench_gpu
+
+        return bench_gpu(args)
     elif args.kind == "soak":
         doc = bench_soak(args)
         return 0 if doc["summary"]["verdict"]["nothing_lost"] else 1

@@ -123,6 +123,39 @@ def resolve_engine_args(req: Requested, device: Device) -> dict[str, Any]:
     return args
 
 
+WHISPER_HEAD_SIZE = 64  # every Whisper size, tiny to large-v3(-turbo)
+
+
+def backend_refusals(args: dict[str, Any], capability: tuple[int, int]) -> list[str]:
+    """Why vLLM's own attention backend class refuses the chosen backend for Whisper's attention (decoder
+    self-attention and cross-attention) with these arguments on a GPU of this compute capability; empty when it
+    takes them or when the backend is left to vLLM. Flash-attention's fp8 answer depends on the flash-attention
+    build of the host that asks, so it is exact only on the GPU host itself."""
+    import inspect
+
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    name = args.get("attention_backend")
+    if not name:
+        return []
+    backend = AttentionBackendEnum[str(name)].get_class()
+    accepted = inspect.signature(backend.validate_configuration).parameters
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(args.get("dtype")), torch.float32)
+    reasons: list[str] = []
+    for kind in (AttentionType.DECODER, AttentionType.ENCODER_DECODER):
+        ask = {"head_size": WHISPER_HEAD_SIZE, "dtype": dtype, "kv_cache_dtype": args.get("kv_cache_dtype", "auto"),
+               "block_size": None, "use_mla": False, "has_sink": False, "use_sparse": False, "use_mm_prefix": False,
+               "use_per_head_quant_scales": False, "device_capability": DeviceCapability(*capability),
+               "attn_type": kind}
+        for reason in backend.validate_configuration(**{k: v for k, v in ask.items() if k in accepted}):
+            if reason not in reasons:
+                reasons.append(reason)
+    return reasons
+
+
 def check_args(req: Requested, gpu: str) -> dict[str, Any]:
     """vLLM's own reading of the arguments `resolve_engine_args` makes for a GPU ("NAME:MAJOR.MINOR")."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -137,6 +170,8 @@ def check_args(req: Requested, gpu: str) -> dict[str, Any]:
         "cudagraph_mode": str(parsed.compilation_config.cudagraph_mode).split(".")[-1],
         "max_num_seqs": parsed.max_num_seqs, "max_num_batched_tokens": parsed.max_num_batched_tokens,
         "max_model_len": parsed.max_model_len, "gpu_memory_utilization": parsed.gpu_memory_utilization,
+        "backend_refusals": backend_refusals(resolve_engine_args(req, Device("cuda", name, (major, minor))),
+                                             (major, minor)),
     }
 
 
@@ -227,6 +262,25 @@ class Vocabulary:
                 self.no_timestamps]
 
 
+def keep_decoder_prompts() -> bool:
+    """Whether vLLM is told that the service's decoder prompts are whole, as Whisper's format has them.
+
+    vLLM puts the model's `decoder_start_token_id` (<|startoftranscript|>) before a decoder prompt that does not
+    begin with it, which would turn a prompt with earlier text (<|startofprev|> ... <|startoftranscript|> ...) into
+    one that begins twice. Its multimodal processors that supply the whole prefix say so with
+    `skip_decoder_start_token`; the service builds every prompt whole, so Whisper's processor says so too. False
+    where this vLLM has no such flag (each request's prompt, as vLLM reports it, is still checked).
+    """
+    try:
+        from vllm.model_executor.models.whisper import WhisperMultiModalProcessor
+    except ImportError:
+        return False
+    if not hasattr(WhisperMultiModalProcessor, "skip_decoder_start_token"):
+        return False
+    WhisperMultiModalProcessor.skip_decoder_start_token = True
+    return True
+
+
 # -- the service
 
 
@@ -239,7 +293,8 @@ class Service:
         self.vocab: Vocabulary | None = None
         self.tokenizer: Any = None
         self.effective: dict[str, Any] = {}
-        self.stats = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "running": 0, "peak_running": 0}
+        self.stats = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "running": 0, "peak_running": 0,
+                      "prompt_rewritten": 0}
         self.startup_s = 0.0
         self._ids = 0
 
@@ -250,6 +305,11 @@ class Service:
         t0 = time.perf_counter()
         if self.device.kind == "cuda":  # vLLM's advice for Whisper; on CPU, fork starts faster and works
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+            if self.device.capability and (refused := backend_refusals(self.args, self.device.capability)):
+                raise ValueError(f"vLLM's {self.args['attention_backend']} attention refuses Whisper with KV cache "
+                                 f"{self.args.get('kv_cache_dtype')} on {self.device.describe()}: "
+                                 f"{'; '.join(refused)} (choose --vllm-attention-backend or --vllm-kv-cache-dtype)")
+        as_given = keep_decoder_prompts()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.args))
         self.tokenizer = self.engine.get_tokenizer()
         model_dir = Path(self.args["model"]) if Path(self.args["model"]).is_dir() else None
@@ -274,6 +334,7 @@ class Service:
             "max_model_len": cfg.model_config.max_model_len,
             "attention_backend": str(getattr(cfg.attention_config, "backend", None) or "auto"),
             "multilingual": self.vocab.multilingual,
+            "decoder_prompt_as_given": as_given,
         }
         if self.device.kind == "cuda":
             self.effective["gpu_memory_utilization"] = cfg.cache_config.gpu_memory_utilization
@@ -340,6 +401,7 @@ class Service:
         logprob = 0.0
         finish = None
         first_token_s = None
+        decoded_from: list[int] | None = None
         self.stats["requests"] += 1
         self.stats["running"] += 1
         self.stats["peak_running"] = max(self.stats["peak_running"], self.stats["running"])
@@ -347,6 +409,12 @@ class Service:
         outputs = self.engine.generate(request, params, request_id)
         try:
             async for out in outputs:
+                if decoded_from is None and out.prompt_token_ids is not None:
+                    decoded_from = list(out.prompt_token_ids)
+                    if decoded_from != decoder:
+                        self.stats["prompt_rewritten"] += 1
+                        log.warning("vLLM decodes request %s from %s, not the prompt %s", request_id, decoded_from,
+                                    decoder)
                 o = out.outputs[0]
                 if o.token_ids:
                     if first_token_s is None:
@@ -373,7 +441,7 @@ class Service:
             "done": True, "text": "".join(text).strip(), "token_ids": tokens, "language": language,
             "finish_reason": finish, "avg_logprob": logprob / (len(tokens) + 1),
             "engine_seconds": time.perf_counter() - t0, "first_token_s": first_token_s,
-            "decoder_prompt": decoder,
+            "decoder_prompt": decoder, "decoded_from": decoded_from,
         }
 
     def next_id(self) -> str:

@@ -119,3 +119,10 @@ def test_environment_and_flags():
         del os.environ["REALTIME_PORT"], os.environ["REALTIME_ICE_LOOPBACK"]
     with pytest.raises(ValueError):
         parse_settings(["--vad-threshold", "0.2", "--vad-neg-threshold", "0.6"])
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="this host has an NVIDIA GPU")
+def test_the_gpu_check_says_there_is_no_gpu_and_fails():
+    out = cli("bench", "gpu")
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "needs an NVIDIA GPU" in out.stderr and "--allow-cpu" in out.stderr

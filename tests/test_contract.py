@@ -113,7 +113,7 @@ def test_every_registered_engine_declares_the_contract():
                VllmEngine.from_settings(Settings(engine="vllm", vllm_max_num_seqs=3)), ScriptedEngine()]
     for engine in engines:
         assert isinstance(engine, Engine), engine.name
-        for flag in ("timestamps", "word_timestamps", "abortable", "streaming", "translates", "ready"):
+        for flag in ("timestamps", "word_timestamps", "abortable", "streaming", "multilingual", "translates", "ready"):
             assert isinstance(getattr(engine, flag), bool), (engine.name, flag)
         assert engine.languages and all(isinstance(code, str) for code in engine.languages), engine.name
         assert isinstance(engine.max_batch_size, int) and engine.max_batch_size >= 1
@@ -125,6 +125,26 @@ def test_every_registered_engine_declares_the_contract():
     assert (remote.streaming, remote.translates, remote.ready) == (True, True, False)
     assert (vllm.abortable, vllm.streaming, vllm.max_batch_size, vllm.timestamps) == (True, True, 3, False)
     assert vllm.settings.max_num_seqs == 3, "the vLLM engine keeps its own settings, not the app's"
+
+
+def test_what_a_model_can_do_is_declared_per_model():
+    from realtime.engines.base import WHISPER_LANGUAGES, unsupported_translation
+    from realtime.engines.embedded import EmbeddedEngine
+    from realtime.engines.vllm import VllmEngine
+
+    def vllm(model: str) -> VllmEngine:
+        return VllmEngine.from_settings(Settings(engine="vllm", model=model))
+
+    for engine in (EmbeddedEngine(model="large-v3-turbo"), vllm("openai/whisper-large-v3-turbo")):
+        # transcribes every language, but its fine-tuning on transcription alone took translation away
+        assert engine.multilingual and not engine.translates and engine.languages == WHISPER_LANGUAGES
+        why = unsupported_translation(engine)
+        assert why is not None and "not trained to translate" in why, why
+    for engine in (EmbeddedEngine(model="base"), vllm("openai/whisper-large-v3")):
+        assert engine.multilingual and engine.translates and unsupported_translation(engine) is None
+    for engine in (EmbeddedEngine(), vllm("openai/whisper-tiny.en")):
+        assert not engine.multilingual and not engine.translates and engine.languages == ("en",)
+        assert "English-only" in (unsupported_translation(engine) or "")
 
 
 def test_the_remote_fallback_comes_from_the_registry_and_the_token_from_the_settings():

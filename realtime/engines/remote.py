@@ -761,6 +761,10 @@ class RemoteEngine(EngineBase):
         return self._started and (any(ep.state == "closed" for ep in self.endpoints) or self.fallback is not None)
 
     @property
+    def multilingual(self) -> bool:
+        return True
+
+    @property
     def translates(self) -> bool:
         return True
 

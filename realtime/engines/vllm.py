@@ -40,7 +40,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from . import policy
-from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, english_only
+from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, english_only, translating
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -448,8 +448,12 @@ class VllmEngine(EngineBase):
         return self.model.name if self.model else (self.settings.model or "tiny.en (bundled)")
 
     @property
-    def translates(self) -> bool:
+    def multilingual(self) -> bool:
         return not english_only(self.model_name)
+
+    @property
+    def translates(self) -> bool:
+        return translating(self.model_name)
 
     def describe(self) -> dict[str, Any]:
         info = self._ready_info or {}
@@ -598,7 +602,8 @@ class VllmEngine(EngineBase):
             text=text, language=final.get("language"), duration=duration,
             segments=(TimedText(0.0, duration, text),) if text else (),
             avg_logprob=float(final.get("avg_logprob", 0.0)), engine_seconds=time.perf_counter() - t0,
-            extra={k: final.get(k) for k in ("token_ids", "finish_reason", "first_token_s", "decoder_prompt")},
+            extra={k: final.get(k)
+                   for k in ("token_ids", "finish_reason", "first_token_s", "decoder_prompt", "decoded_from")},
         )
 
     async def _recovered(self, generation: int) -> None:
