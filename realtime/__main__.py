@@ -9,14 +9,7 @@ import sys
 
 from . import transcript as fmt
 from .audio import AudioDecodeError
-from .config import Settings, add_arguments, from_namespace
-
-ENGINE_FLAGS = ("engine", "model", "compute_type", "device", "cpu_threads", "beam_size", "language",
-                "vad_threshold", "vad_neg_threshold", "vad_min_speech_ms", "vad_min_silence_ms",
-                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s", "file_window_s")
-ENGINE_FLAGS += tuple(name for name in Settings.__dataclass_fields__ if name.startswith("vllm_"))
-ENGINE_FLAGS += ("remote_url", "remote_token", "remote_model", "remote_timeout", "remote_connect_timeout",
-                 "remote_retries", "remote_max_in_flight", "remote_fallback", "remote_stream")
+from .config import ENGINE_FLAGS, add_arguments, from_namespace
 
 
 def _transcribe(args: argparse.Namespace) -> int:
@@ -129,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_main(list(args.rest) + extra)
         return 0
     if args.command == "bench":
-        from .bench import main as bench_main
+        from .bench_cli import main as bench_main
 
         return bench_main(list(args.rest) + extra)
     if extra:

@@ -175,6 +175,15 @@ def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
     return raw or None if "None" in kind else raw
 
 
+ENGINE_FLAGS: tuple[str, ...] = ("engine", "model", "compute_type", "device", "cpu_threads", "beam_size", "language",
+                "vad_threshold", "vad_neg_threshold", "vad_min_speech_ms", "vad_min_silence_ms",
+                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s", "file_window_s")
+ENGINE_FLAGS += tuple(name for name in Settings.__dataclass_fields__ if name.startswith("vllm_"))
+ENGINE_FLAGS += ("remote_url", "remote_token", "remote_model", "remote_timeout", "remote_connect_timeout",
+                 "remote_retries", "remote_max_in_flight", "remote_fallback", "remote_stream")
+"""The settings that choose and tune the engine and the VAD: the flags of `transcribe` and of the pool."""
+
+
 def add_arguments(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
     for f in dataclasses.fields(Settings):
         if only is not None and f.name not in only:

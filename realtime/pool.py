@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ongoing-requests", type=int, default=None,
                         help="requests a replica takes at once; the proxy queues the rest (default: "
                              "--api-max-requests)")
-    from .__main__ import ENGINE_FLAGS
+    from .config import ENGINE_FLAGS
 
     add_arguments(parser, only=ENGINE_FLAGS + POOL_FLAGS)
     args = parser.parse_args(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,8 @@ def register(name: str, factory: EngineFactory) -> None:
 def _remote(settings: Settings) -> Engine:
     from .remote import RemoteEngine
 
-    return RemoteEngine.from_settings(settings)
+    fallback = create_engine(dataclasses.replace(settings, engine="embedded")) if settings.remote_fallback else None
+    return RemoteEngine.from_settings(settings, fallback)
 
 
 register("remote", _remote)

@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import email.utils
 import json
 import logging
@@ -286,10 +285,9 @@ class RemoteEngine(EngineBase):
             ep.cooldown = cooldown
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RemoteEngine:
-        from . import create_engine
-
-        fallback = create_engine(dataclasses.replace(settings, engine="embedded")) if settings.remote_fallback else None
+    def from_settings(cls, settings: Settings, fallback: Engine | None = None) -> RemoteEngine:
+        """The engine the settings describe; `fallback` (the registry makes it with `--remote-fallback`) serves
+        while no endpoint does."""
         return cls(
             settings.remote_url,
             token=settings.remote_token or settings.hf_token or None,
