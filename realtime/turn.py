@@ -64,10 +64,10 @@ LABELS = {
 }
 NO_TURN = ("No TURN relay is configured, so browsers outside this server's network cannot connect. The owner "
            "can add the HF_TOKEN secret (free Cloudflare TURN), Cloudflare or Twilio TURN keys, or a TURN server "
-           "(REALTIME_TURN_URL); see the README.")
+           "(REALTIME_TURN_URL); see docs/space.md (TURN).")
 REMOTE_WITHOUT_TURN = ("This server has no TURN relay configured: a browser on another network may not be able "
                        "to connect. The owner can start it with --turn-provider hf and HF_TOKEN, or --turn-url "
-                       "(see the README).")
+                       "(see docs/space.md, TURN).")
 
 
 class TurnError(RuntimeError):

@@ -122,10 +122,10 @@ def test_space_yaml_variants_document_every_setting() -> None:
 
 
 @pytest.mark.fast
-def test_readme_names_every_secret_and_the_duplicate_steps() -> None:
-    readme = (ROOT / "README.md").read_text()
-    duplicate = readme[readme.index("### Duplicate this Space"):]
-    duplicate = duplicate[: duplicate.index("\n### ", 5)]
+def test_the_space_guide_names_every_secret_and_the_duplicate_steps() -> None:
+    guide = (ROOT / "docs" / "space.md").read_text()
+    duplicate = guide[guide.index("## Duplicate this Space"):]
+    duplicate = duplicate[: duplicate.index("\n## ", 5)]
     secrets = {n for b in [SPACE_YAML["common"], *SPACE_YAML["variants"].values()] for n in (b.get("secrets") or {})}
     assert secrets and all(f"`{s}`" in duplicate for s in secrets), [s for s in secrets if f"`{s}`" not in duplicate]
     assert "ENDPOINT_URL" in duplicate and "REALTIME_ENGINE=remote" in duplicate

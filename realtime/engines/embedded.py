@@ -14,7 +14,7 @@ under the same policy.
 
 With two or more CPU threads the model runs as two CTranslate2 workers, each with half the threads, and a
 batch is split between them: Whisper's small matrices parallelise poorly inside one call (tiny.en decodes a
-single clip faster on one thread than on two), so two half-batches side by side finish sooner (README).
+single clip faster on one thread than on two), so two half-batches side by side finish sooner (docs/engines.md).
 """
 
 from __future__ import annotations
