@@ -1,6 +1,6 @@
 """Entry point: `python app.py [--help]` launches the real-time transcription web app."""
 
-from realtime.server import main
+from realtime.web.server import main
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Real-time speech transcription: browser microphone over WebRTC, Silero VAD, Whisper engines.
 
-The public API: `Settings`, `TranscriptionService` and its live events (`realtime.events`), the engine
+The public API: `Settings`, `TranscriptionService` and its live events (`realtime.live.events`), the engine
 contract (`Engine`, `EngineBase`, `TranscribeOptions`, `Transcription`, `create_engine`, `register`),
 `Segmenter` / `VADConfig` for streaming VAD, and `stream_file`, a WebRTC client.
 """
@@ -20,11 +20,11 @@ from .engines import (
     create_engine,
     register,
 )
-from .vad import SegmentEnd, Segmenter, SegmentStart, VADConfig
+from .live.vad import SegmentEnd, Segmenter, SegmentStart, VADConfig
 
 if TYPE_CHECKING:
-    from .client import stream_file
-    from .service import TranscriptionService
+    from .bench.client import stream_file
+    from .live.service import TranscriptionService
 
 __version__ = "0.1.0"
 

@@ -7,14 +7,14 @@ import asyncio
 import logging
 import sys
 
-from . import transcript as fmt
 from .audio import AudioDecodeError
 from .config import ENGINE_FLAGS, add_arguments, from_namespace
+from .live import transcript as fmt
 
 
 def _transcribe(args: argparse.Namespace) -> int:
     from .engines import TranscribeOptions, create_engine
-    from .transcribe import transcribe_file
+    from .live.transcribe import transcribe_file
 
     settings = from_namespace(args)
     engine = create_engine(settings)
@@ -59,13 +59,13 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 
 def _stream(args: argparse.Namespace) -> int:
-    from .client import run_stream
+    from .bench.client import run_stream
 
     return run_stream(args.url, args.file, args.ice_loopback, args.tail)
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .convert import ConversionError, convert, iter_summary
+    from .engines.convert import ConversionError, convert, iter_summary
 
     try:
         result = convert(args.source, args.out, dtype=args.dtype, overwrite=args.overwrite)
@@ -117,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
-        from .server import main as serve_main
+        from .web.server import main as serve_main
 
         serve_main(list(args.rest) + extra)
         return 0
     if args.command == "bench":
-        from .bench_cli import main as bench_main
+        from .bench.cli import main as bench_main
 
         return bench_main(list(args.rest) + extra)
     if extra:

@@ -14,7 +14,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .space import space_environ
-from .vad import WINDOW_S, VADConfig
+
+WINDOW_S = 28.0
+"""Files: segments are packed into windows of this much speech, a Whisper window (30 s) less the engines'
+margin, so that a window is one request."""
+
+
+@dataclass(frozen=True)
+class VADConfig:
+    threshold: float = 0.5
+    """Speech starts when a window's probability reaches this."""
+    neg_threshold: float = 0.35
+    """Silence is counted once a window's probability falls below this (hysteresis)."""
+    min_speech_ms: int = 30
+    """Shorter bursts are dropped without a segment (creaky, whispered or falsetto speech may reach the
+    threshold for only a window or two; the engine's no-speech rule drops what is not speech)."""
+    min_silence_ms: int = 400
+    """Silence that closes a segment."""
+    pad_before_ms: int = 200
+    pad_after_ms: int = 200
+    max_segment_s: float = 15.0
+    """A segment this long is split at its quietest point (whisper windows are 30 s)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.neg_threshold <= self.threshold < 1.0:
+            raise ValueError("VAD thresholds need 0 < neg_threshold <= threshold < 1")
+        if self.max_segment_s < 2.0 or self.max_segment_s > 30.0:
+            raise ValueError("max_segment_s must be between 2 and 30 seconds")
+        if min(self.min_speech_ms, self.min_silence_ms, self.pad_before_ms, self.pad_after_ms) < 0:
+            raise ValueError("VAD durations must not be negative")
 
 
 def _opt(help: str, env: str | None = None, **kw: Any) -> Any:
@@ -124,7 +152,7 @@ class Settings:
     vllm_max_restarts: int = _opt("failed restarts in a row before the vLLM engine is given up", default=3)
     vllm_cache_dir: str = _opt("where converted CTranslate2 weights are kept (empty: "
                                "~/.cache/realtime-transcription/hf-whisper)", default="")
-    # -- HTTP transcription API (realtime/api.py)
+    # -- HTTP transcription API (realtime/web/api.py)
     api_key: str = _opt("bearer token that the HTTP API (/v1/audio/*, /api/v1/audio/*, /v1/models) requires; "
                         "empty: no key", default="")
     max_upload_mb: float = _opt("largest upload the HTTP API accepts (MB); bigger ones get 413", default=100.0)

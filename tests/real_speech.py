@@ -14,8 +14,8 @@ import numpy as np
 import soundfile as sf
 
 from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.corpus import Clip, Compilation, compilation, corpus_wer, loops, lost_runs, read_manifest
-from realtime.synth import wer
+from realtime.bench.corpus import Clip, Compilation, compilation, corpus_wer, loops, lost_runs, read_manifest
+from realtime.bench.synth import wer
 
 DATA = Path(__file__).resolve().parent / "data"
 MANIFEST = DATA / "manifest.tsv"

@@ -24,7 +24,7 @@ from browser_check import FLAGS, KEEP_PCS
 from coturn import Coturn, start_coturn
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from realtime.client import fetch_rtc_configuration, stream_file
+from realtime.bench.client import fetch_rtc_configuration, stream_file
 
 from conftest import App, launch, stop
 

@@ -1,5 +1,5 @@
-"""Test speech: re-exports realtime.synth (synthesized sentences with known text and boundaries, WER)."""
+"""Test speech: re-exports realtime.bench.synth (synthesized sentences with known text and boundaries, WER)."""
 
-from realtime.synth import RATE, SENTENCES, Speech, compose, long_recording, sentence_audio, wer
+from realtime.bench.synth import RATE, SENTENCES, Speech, compose, long_recording, sentence_audio, wer
 
 __all__ = ["RATE", "SENTENCES", "Speech", "compose", "long_recording", "sentence_audio", "wer"]

@@ -25,7 +25,7 @@ from endpoints import SSE_WORDS, FakeEndpoint
 from openai import OpenAI
 
 from realtime.audio import decode_file
-from realtime.memory import MIN_INTERVAL_S
+from realtime.live.memory import MIN_INTERVAL_S
 
 from audio_files import FORMATS, write
 from conftest import App, launch, stop
@@ -91,7 +91,7 @@ def test_every_response_format(api, speech):
 
 def test_another_instance_gets_a_packed_window_decoded_whole_with_its_word_times(api, speech):
     """CLIP_HEADER (sent by the remote engine of another instance, for a window it packed and checks itself): the
-    upload decoded as one clip, as the file path decodes a window to check its coverage (realtime/coverage.py):
+    upload decoded as one clip, as the file path decodes a window to check its coverage (realtime/live/coverage.py):
     no second VAD cut, its words with Whisper's leading spaces; the same words as the usual answer."""
     audio = speech.path.read_bytes()
     r = httpx.post(f"{api.url}/v1/audio/transcriptions", data={"response_format": "verbose_json"},
@@ -446,7 +446,7 @@ def test_api_key(gated, speech):
     assert response.status_code == 200 and response.json()["text"].startswith("segment")
     asked = endpoint.requests()[before:]
     # the 3 speech segments packed into one window, asked with timestamps so that the answer can be checked for
-    # coverage (realtime/coverage.py); the fake answers without times, so each segment is then asked alone
+    # coverage (realtime/live/coverage.py); the fake answers without times, so each segment is then asked alone
     assert [a["fields"].get("response_format") for a in asked] == ["verbose_json", "json", "json", "json"], asked
     assert len({a["digest"] for a in asked}) == 4, asked
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from realtime.bench import _stream_speech
+from realtime.bench.stream import _stream_speech
 
 from conftest import ROOT
 

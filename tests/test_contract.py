@@ -18,10 +18,10 @@ from fake_engine import ScriptedEngine, describe_clip
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.config import Settings
 from realtime.engines import Engine, EngineError, TranscribeOptions, Transcription
-from realtime.events import ErrorEvent, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
-from realtime.session import TranscriptionSession
-from realtime.vad import SileroVAD
-from realtime.worker import Job, Worker
+from realtime.live.events import ErrorEvent, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
+from realtime.live.session import TranscriptionSession
+from realtime.live.vad import SileroVAD
+from realtime.live.worker import Job, Worker
 
 from real_speech import DATA
 
@@ -36,60 +36,7 @@ def tone(seconds: float, peak: float) -> np.ndarray:
     return (peak * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 
 
-# -- the package's shape
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _module_imports(path: Path, modules: set[str]) -> set[str]:
-    """The package modules `path` imports when it is loaded (top level and `if TYPE_CHECKING:` blocks; imports
-    inside functions are deferred, so they cannot form a circle at import time)."""
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
-    found: set[str] = set()
-    body = list(tree.body)
-    for node in tree.body:
-        if isinstance(node, ast.If):
-            body.extend(node.body)
-    for node in body:
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name in modules)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([node.module] if node.module else [])])
-            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
-            found.update(subs or ([base] if base in modules else []))
-    return found - {name}
-
-
-def test_the_package_has_no_import_circle():
-    paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {_module_name(p) for p in paths}
-    graph = {_module_name(p): _module_imports(p, modules) for p in paths}
-    assert graph["realtime.config"], "the import scan found nothing: it is broken"
-    assert "realtime.engines.policy" in graph["realtime.engines.base"]
-
-    def circle_from(start: str) -> list[str] | None:
-        stack, seen = [(start, [start])], set()
-        while stack:
-            node, path = stack.pop()
-            for nxt in graph.get(node, ()):
-                if nxt == start:
-                    return [*path, nxt]
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append((nxt, [*path, nxt]))
-        return None
-
-    circles = [c for m in graph if (c := circle_from(m))]
-    assert not circles, f"import circle: {' -> '.join(circles[0])}"
+# -- the package's shape (its import graph: tests/test_layout.py)
 
 
 def test_no_module_probes_an_engine_for_capabilities():
@@ -324,7 +271,7 @@ def test_file_jobs_wait_for_live_finals_and_take_turns_with_partials():
 
 
 def test_a_file_is_transcribed_through_the_worker_and_a_closed_reader_leaves_nothing_queued():
-    from realtime.transcribe import transcribe_file, transcribe_results
+    from realtime.live.transcribe import transcribe_file, transcribe_results
 
     async def scenario() -> tuple[list[str], int, int]:
         engine = ScriptedEngine(max_batch_size=2)

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from whisper_reference import ct2_directory, decode, window_tokens
 
 from realtime.audio import decode_file
-from realtime.convert import cached_checkpoint, convert, locate, read_model_bin, read_safetensors
+from realtime.engines.convert import cached_checkpoint, convert, locate, read_model_bin, read_safetensors
 
 from conftest import ROOT
 from speech import SENTENCES, compose

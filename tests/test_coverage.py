@@ -1,4 +1,4 @@
-"""The coverage rule (realtime/coverage.py and the file path's use of it): which segments of a decoded window its
+"""The coverage rule (realtime/live/coverage.py and the file path's use of it): which segments of a decoded window its
 text covers, and what takes the place of those it does not. Pure logic and a deterministic engine (fast)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from realtime import coverage
 from realtime.audio import SAMPLE_RATE
 from realtime.engines import EngineBase, TimedText, TranscribeOptions, Transcription
 from realtime.engines.types import Word
-from realtime.transcribe import Window, _account
-from realtime.worker import Worker
+from realtime.live import coverage
+from realtime.live.transcribe import Window, _account
+from realtime.live.worker import Worker
 
 pytestmark = pytest.mark.fast
 

@@ -31,9 +31,9 @@ import pytest
 from endpoints import FakeEndpoint
 
 from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.client import FRAME
-from realtime.ice import use_loopback_only
-from realtime.synth import MORE_SENTENCES
+from realtime.bench.client import FRAME
+from realtime.bench.synth import MORE_SENTENCES
+from realtime.web.ice import use_loopback_only
 
 from conftest import App, launch, stop
 from speech import SENTENCES, compose, wer

@@ -1,9 +1,9 @@
 """Property tests (hypothesis) for the pure parts, and the app's HTTP surface fuzzed with schemathesis.
 
-- The segmenter (realtime/vad.py, the real Silero model on real recordings from tests/data) gives the same
+- The segmenter (realtime/live/vad.py, the real Silero model on real recordings from tests/data) gives the same
   segments, to the sample, however the audio is cut into frames; fed at another sample rate through the live
   path's `FrameConverter`, in frames of any size, it finds the same utterances.
-- LocalAgreement (realtime/stabilize.py) never takes a committed word back, commits only what two consecutive
+- LocalAgreement (realtime/live/stabilize.py) never takes a committed word back, commits only what two consecutive
   hypotheses agree on, and always shows the newest hypothesis after the committed words.
 - schemathesis against the app's OpenAPI schema, with the OpenAI-compatible routes that the app keeps out of it
   (they parse their bodies themselves) described here as OpenAI documents them: no 5xx, and every error in
@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from realtime.audio import SAMPLE_RATE, FrameConverter, decode_file
-from realtime.stabilize import LocalAgreement, _key
-from realtime.vad import WINDOW, Segmenter, SegmentStart, SileroVAD, VADConfig
+from realtime.live.stabilize import LocalAgreement, _key
+from realtime.live.vad import WINDOW, Segmenter, SegmentStart, SileroVAD, VADConfig
 
 from conftest import App, launch, stop
 from real_speech import DATA

@@ -139,7 +139,7 @@ def test_live_finals_say_their_language_and_carry_word_times_when_asked(base_eng
     """A live session on German speech: each final event names its language and, with word timestamps asked
     for in the session's options, carries its words in stream time."""
     from realtime.config import Settings
-    from realtime.service import TranscriptionService
+    from realtime.live.service import TranscriptionService
 
     audio = np.concatenate([np.zeros(8000, np.float32), decode_file(LANGUAGES / "fleurs-de-000.ogg"),
                             np.zeros(24000, np.float32)])

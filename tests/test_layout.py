@@ -1,6 +1,6 @@
-"""The package's import graph: no module imports one that (directly or not) imports it back, and the engines
-depend on nothing above them (they take audio and options in and give text out; sessions, the web faces and the
-benchmarks are built on them, never the other way)."""
+"""The package's layout and import graph: the top level holds the entry points and the shared ground, every other
+module sits in a layer's folder, imports run one way (ground <- engines <- live <- web <- pool <- bench), and no
+module imports one that (directly or not) imports it back."""
 
 from __future__ import annotations
 
@@ -12,10 +12,20 @@ import pytest
 pytestmark = pytest.mark.fast
 
 PACKAGE = Path(__file__).resolve().parent.parent / "realtime"
-ENGINE_LAYER = {"realtime.convert", "realtime.vllm_service"}
-"""The engines' modules outside `realtime.engines`: the weight converter and the vLLM engine process."""
-GROUND = {"realtime.audio", "realtime.config"}
-"""The shared ground every layer may import."""
+LAYERS = ("ground", "engines", "live", "web", "pool", "bench")
+"""From the bottom: a module may import its own layer and the layers below it, never one above. Ground: audio,
+settings and the Space's variables; the engines; the live pipeline and the file path; the web faces; the Ray Serve
+pool (it serves the engines behind the app's own HTTP API); the benchmarks, which measure everything."""
+
+
+def layer(name: str) -> str | None:
+    """The layer of a module; None for the entry points (`__main__` and the package's `__init__`)."""
+    parts = name.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return None
+    if len(parts) == 2 and parts[1] in ("audio", "config", "space"):
+        return "ground"
+    return parts[1] if parts[1] in LAYERS else "top level"
 
 
 def modules() -> dict[str, Path]:
@@ -87,17 +97,26 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circle():
-    assert cycles(import_graph()) == []
+    graph = import_graph()
+    assert "realtime.engines.policy" in graph["realtime.engines.base"], "the import scan found nothing: it is broken"
+    assert cycles(graph) == []
 
 
 def test_a_circle_is_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_the_engines_import_nothing_above_them():
-    def engine_layer(name: str) -> bool:
-        return name.startswith("realtime.engines") or name in ENGINE_LAYER
+def test_imports_run_one_way():
+    upward = []
+    for name, targets in import_graph().items():
+        own = layer(name)
+        if own is None:
+            continue
+        assert own in LAYERS, f"{name} is in no layer"
+        upward += [f"{name} -> {t}" for t in targets if layer(t) not in LAYERS[: LAYERS.index(own) + 1]]
+    assert not upward, upward
 
-    above = {name: sorted(t for t in targets if not engine_layer(t) and t not in GROUND)
-             for name, targets in import_graph().items() if engine_layer(name)}
-    assert {name: targets for name, targets in above.items() if targets} == {}
+
+def test_the_top_level_holds_only_entry_points_and_ground():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "__main__", "audio", "config", "space"], top

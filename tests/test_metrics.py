@@ -7,7 +7,7 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
 
 from speech import SENTENCES, compose
 

@@ -130,7 +130,7 @@ def test_output_stream_of_an_ended_connection_ends_and_keeps_its_last_outputs() 
 
     from fastrtc import AdditionalOutputs, WebRTC
 
-    from realtime.ui import connection_outputs
+    from realtime.web.ui import connection_outputs
 
     rtc = WebRTC(modality="audio", mode="send")
 

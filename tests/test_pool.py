@@ -1,4 +1,4 @@
-"""The engine pool (realtime/pool.py): `python -m realtime pool` on a real local Ray cluster kept on loopback, two
+"""The engine pool (realtime/pool): `python -m realtime pool` on a real local Ray cluster kept on loopback, two
 replicas of the embedded engine, real recordings over real HTTP, and an app whose remote engine is the pool
 streaming a live WebRTC session, with a replica killed in the middle of one."""
 
@@ -22,12 +22,12 @@ import httpx
 import pytest
 from test_stream import check_events
 
-from realtime import transcript as fmt
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
+from realtime.bench.corpus import Compilation
 from realtime.config import Settings
-from realtime.corpus import Compilation
 from realtime.engines import TranscribeOptions
-from realtime.transcribe import transcribe_file
+from realtime.live import transcript as fmt
+from realtime.live.transcribe import transcribe_file
 
 from conftest import ROOT, SPACE_VARIABLES, App, free_port, gone, launch, stop
 from real_speech import clips, compilation, corpus_wer, long_recording, lost_runs
@@ -215,7 +215,7 @@ def test_a_long_recording_through_the_pool_is_transcribed_as_the_embedded_engine
                                                                                      app: App, tmp_path: Path):
     """9.5 minutes of real speech (every clip of tests/data joined) to the front end, whose remote engine is the
     pool, and to an app on the embedded engine: at most half a point above it, each packed window decoded whole
-    by a replica and checked for coverage by the front end (realtime/coverage.py; the lost stretches are
+    by a replica and checked for coverage by the front end (realtime/live/coverage.py; the lost stretches are
     printed)."""
     comp = long_recording(tmp_path / "long.wav")
     texts = {}

@@ -20,11 +20,11 @@ import pytest
 import soundfile as sf
 
 from realtime.audio import SAMPLE_RATE
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
+from realtime.config import WINDOW_S
 from realtime.engines import TranscribeOptions
 from realtime.engines.embedded import EmbeddedEngine
-from realtime.transcribe import transcribe_file
-from realtime.vad import WINDOW_S
+from realtime.live.transcribe import transcribe_file
 
 from conftest import ROOT, App, launch, stop
 from real_speech import (
@@ -143,7 +143,7 @@ def test_a_file_of_several_speakers_keeps_every_speaker(engine, tmp_path):
 def test_a_long_recording_loses_no_sentence_in_any_format(engine, fw_tiny, tmp_path):
     """The whole set joined into one 9.5-minute file: packed windows decoded without timestamps once skipped a
     37-word stretch here (13.5 % WER against the timed formats' 11.6 %). Each window's segments are accounted for
-    (realtime/coverage.py): the text formats within half a point of the timed ones, no stretch of 5 or more
+    (realtime/live/coverage.py): the text formats within half a point of the timed ones, no stretch of 5 or more
     reference words that the timed formats transcribe missing from the text, and no worse than faster-whisper's
     `transcribe` on the same file."""
     comp = long_recording(tmp_path / "long.wav")

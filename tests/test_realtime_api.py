@@ -25,7 +25,7 @@ import websockets
 from openai import AsyncOpenAI
 
 from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.realtime_api import ALAW, ULAW, remainder
+from realtime.web.realtime_api.protocol import ALAW, ULAW, remainder
 
 from conftest import App, launch, stop
 from real_speech import Clip, clips, compilation, corpus_wer, loops
@@ -468,8 +468,8 @@ def test_webrtc_call_with_an_ephemeral_secret(rt_app, tmp_path):
 
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-    from realtime.client import _make_track
-    from realtime.ice import use_loopback_only
+    from realtime.bench.client import _make_track
+    from realtime.web.ice import use_loopback_only
 
     use_loopback_only()
     picked = pick(PICKED_WEBRTC)
@@ -617,7 +617,7 @@ def test_openai_browser_example_in_headless_chromium(tmp_path):
 def test_a_realtime_session_and_a_page_session_share_the_engine(rt_app, tmp_path):
     """A Realtime API session and a page session (WebRTC, /webrtc/offer) at the same time on the one engine: each
     gets its own speech back, as well as the file transcription of its clips."""
-    from realtime.client import stream_file
+    from realtime.bench.client import stream_file
 
     ours_clips, page_clips = pick(PICKED_MANUAL), pick(PICKED_G711[:2])
     ours = compilation(ours_clips, tmp_path / "ours.wav")
@@ -708,7 +708,7 @@ def test_per_client_caps_on_the_realtime_routes(tmp_path):
     the trusted X-Forwarded-For header (every request comes from loopback)."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from realtime.ice import use_loopback_only
+    from realtime.web.ice import use_loopback_only
 
     use_loopback_only()
     app = launch(tmp_path, "--max-connections-per-client", "2", "--max-new-connections-per-minute", "3",

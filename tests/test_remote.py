@@ -19,11 +19,12 @@ import pytest
 from endpoints import SSE_WORDS, FakeEndpoint, segment_audio
 from test_stream import check_events
 
-from realtime import coverage
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
 from realtime.config import parse_settings
 from realtime.engines import TranscribeOptions, create_engine
-from realtime.engines.remote import HF, OPENAI, EndpointUnavailable, RemoteEngine, parse_endpoint
+from realtime.engines.endpoints import HF, OPENAI, EndpointUnavailable, parse_endpoint
+from realtime.engines.remote import RemoteEngine
+from realtime.live import coverage
 
 from conftest import ROOT, App, launch, stop
 from real_speech import corpus_wer, long_recording, lost_runs
@@ -90,7 +91,7 @@ def test_openai_style_gets_model_hf_style_bare_file_token_from_env(endpoint, mon
 @pytest.mark.fast
 @pytest.mark.parametrize("owner", ["realtime-transcription", "vllm"])
 def test_a_window_checked_for_coverage_is_asked_whole_of_this_app_and_timed_of_others(owner):
-    """A packed window asked with times only to check its coverage (realtime/coverage.py): an endpoint that is
+    """A packed window asked with times only to check its coverage (realtime/live/coverage.py): an endpoint that is
     this app (its /v1/models says so) gets CLIP_HEADER and decodes it whole; any other gets verbose_json alone.
     A live final or a timed format never carries the header."""
     ep = FakeEndpoint(owner=owner)
@@ -463,7 +464,7 @@ def test_live_webrtc_through_a_remote_engine_and_a_faulty_proxy(upstream, tmp_pa
 def test_a_long_recording_through_another_instance_is_transcribed_as_that_instance_does(upstream, tmp_path):
     """9.5 minutes of real speech (every clip of tests/data joined) sent to an app whose engine is another
     instance: each packed window is asked of it whole (CLIP_HEADER: decoded as its own file path decodes a window,
-    with word times), checked for coverage, and its uncovered segments asked alone (realtime/coverage.py). Before,
+    with word times), checked for coverage, and its uncovered segments asked alone (realtime/live/coverage.py). Before,
     the endpoint cut and packed the packed audio again and its text was taken as it came: whole sentences went
     missing. At most half a point above the other instance's own answer (the lost stretches are printed)."""
     comp = long_recording(tmp_path / "long.wav")
@@ -504,7 +505,7 @@ def test_cli_transcribes_through_a_remote_endpoint(upstream, speech_dir):
 @pytest.mark.fast
 def test_streamed_deltas_become_live_partial_text(endpoint):
     """A partial job with on_text sees the hypothesis grow delta by delta (the page shows it as it comes)."""
-    from realtime.worker import Job, Worker
+    from realtime.live.worker import Job, Worker
 
     endpoint.script.extend(["sse-vllm"])
 

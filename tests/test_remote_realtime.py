@@ -14,10 +14,11 @@ import pytest
 from test_stream import check_events
 
 from realtime.audio import decode_file
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
 from realtime.config import parse_settings
 from realtime.engines import EngineError, TranscribeOptions, create_engine
-from realtime.engines.remote import RemoteEngine, parse_endpoint
+from realtime.engines.endpoints import parse_endpoint
+from realtime.engines.remote import RemoteEngine
 
 from conftest import App, launch, stop
 from real_speech import DATA, clips, compilation, corpus_wer
@@ -124,7 +125,7 @@ def test_live_webrtc_front_streams_to_a_back_over_realtime(back, tmp_path: Path)
 
         # the back goes away: requests fail to connect, are retried, the circuit opens, and the fallback (the
         # front's own embedded engine) answers. A file's packed windows are asked with timestamps, over HTTP
-        # (realtime/coverage.py); the live requests before went over the realtime API
+        # (realtime/live/coverage.py); the live requests before went over the realtime API
         stop(back)
         short = DATA / "speechbrain-spk1_snt3.flac"
         r = httpx.post(f"{front.url}/v1/audio/transcriptions", files={"file": ("a.flac", short.read_bytes())},

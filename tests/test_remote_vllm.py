@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from realtime.audio import decode_file
-from realtime.convert import cached_checkpoint
 from realtime.engines import EngineError, TranscribeOptions, Transcription
+from realtime.engines.convert import cached_checkpoint
 from realtime.engines.remote import RemoteEngine
-from realtime.worker import Job, Worker
+from realtime.live.worker import Job, Worker
 
 from conftest import BASE, ROOT, free_port, gone
 from speech import SENTENCES, compose, wer

@@ -11,8 +11,8 @@ from realtime.audio import decode_file
 from realtime.config import Settings
 from realtime.engines import EngineBase
 from realtime.engines.policy import trim_loop
-from realtime.service import TranscriptionService
-from realtime.stabilize import LocalAgreement
+from realtime.live.service import TranscriptionService
+from realtime.live.stabilize import LocalAgreement
 
 from speech import SENTENCES, compose, wer
 
@@ -157,14 +157,14 @@ def test_a_pause_shorter_than_min_silence_keeps_one_segment(service, speech_dir)
     # minimum silence: the speculative final must be withdrawn and the segment must go on.
     speech = compose(speech_dir / "short-pause.wav", SENTENCES[1:3], gaps=[0.3], tail=1.5)
     withdrawn = []
-    real_cancel = __import__("realtime.worker").worker.Worker.cancel
+    real_cancel = __import__("realtime.live.worker").live.worker.Worker.cancel
 
     def spy(worker, job):
         withdrawn.append(job.segment)
         real_cancel(worker, job)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("realtime.worker.Worker.cancel", spy)
+        mp.setattr("realtime.live.worker.Worker.cancel", spy)
         events, snapshot = play(service, decode_file(speech.path))
     assert withdrawn, "the pause should have queued a speculative final"
     finals = [e for e in events if e["type"] == "final"]

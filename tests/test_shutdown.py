@@ -18,7 +18,7 @@ import numpy as np
 import soundfile as sf
 
 from realtime.audio import decode_file
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
 
 from conftest import launch, stop
 from speech import SENTENCES, compose

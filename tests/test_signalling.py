@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from realtime.client import _make_track
-from realtime.ice import use_loopback_only
+from realtime.bench.client import _make_track
+from realtime.web.ice import use_loopback_only
 
 from conftest import ROOT, App, free_port, launch, stop
 
@@ -130,7 +130,7 @@ def test_new_connections_per_client_are_capped(limited):
 def test_the_limiter_forgets_clients_that_left():
     """The per-minute history is kept per client address: a public server sees endless addresses, so one that
     has not connected for a minute must leave nothing behind, while the caps still hold for one that has."""
-    from realtime.signalling import ClientLimiter, OfferError
+    from realtime.web.signalling import ClientLimiter, OfferError
 
     limiter = ClientLimiter(max_open=0, max_per_minute=2)
     for i in range(100):

@@ -32,10 +32,10 @@ import soundfile as sf
 import yaml
 from coturn import start_coturn
 
-from realtime.client import StreamError, fetch_rtc_configuration, stream_file
+from realtime.bench.client import StreamError, fetch_rtc_configuration, stream_file
 from realtime.config import Settings, add_arguments, env_name, from_namespace
 from realtime.space import ENV_ALIASES, SPACE_DEFAULTS, space_environ
-from realtime.turn import NO_TURN, REMOTE_WITHOUT_TURN, Turn, prefer_ports, resolve_provider, rest_credentials
+from realtime.web.turn import NO_TURN, REMOTE_WITHOUT_TURN, Turn, prefer_ports, resolve_provider, rest_credentials
 
 from conftest import ARTIFACTS, ROOT, launch, stop
 from speech import SENTENCES, compose, wer

@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from realtime.client import StreamError, stream_file
+from realtime.bench.client import StreamError, stream_file
 
 from conftest import ROOT, launch, stop
 from speech import SENTENCES, compose, wer

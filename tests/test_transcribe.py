@@ -1,4 +1,4 @@
-"""The file path (realtime/transcribe.py) with the real engine: packing segments into windows, chunked encoding,
+"""The file path (realtime/live/transcribe.py) with the real engine: packing segments into windows, chunked encoding,
 the recording around a lone short segment."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from realtime.audio import SAMPLE_RATE, decode_file
+from realtime.config import WINDOW_S
 from realtime.engines import TranscribeOptions
 from realtime.engines import embedded as embedded_module
-from realtime.transcribe import CONTEXT_AFTER_S, CONTEXT_BEFORE_S, CONTEXT_SPEECH_S, SegmentStream, transcribe_file
-from realtime.vad import WINDOW_S
+from realtime.live.transcribe import CONTEXT_AFTER_S, CONTEXT_BEFORE_S, CONTEXT_SPEECH_S, SegmentStream, transcribe_file
 
 from real_speech import clips, compilation
 from speech import long_recording, wer

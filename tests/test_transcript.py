@@ -1,4 +1,4 @@
-"""The transcript's export formats (realtime/transcript.py): pure functions over entries."""
+"""The transcript's export formats (realtime/live/transcript.py): pure functions over entries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from realtime.engines.types import Word
-from realtime.transcript import Entry, Partial, Transcript, cues, to_json, to_srt, to_text, to_vtt
+from realtime.live.transcript import Entry, Partial, Transcript, cues, to_json, to_srt, to_text, to_vtt
 
 pytestmark = pytest.mark.fast
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from realtime.client import stream_file
+from realtime.bench.client import stream_file
 
 from conftest import App, launch, stop
 from speech import SENTENCES, compose, wer
@@ -60,10 +60,10 @@ def test_without_a_key_the_id_is_enough(app, speech_dir):
 
 
 def test_the_pages_links_carry_the_token_only_with_a_key():
-    from realtime.access import session_token
     from realtime.config import Settings
-    from realtime.service import TranscriptionService
-    from realtime.ui import render_status
+    from realtime.live.service import TranscriptionService
+    from realtime.web.access import session_token
+    from realtime.web.ui import render_status
 
     keyed_links = render_status(TranscriptionService(Settings(api_key=KEY)), "abc123", None)
     assert f"transcript/abc123.txt?token={session_token('abc123')}" in keyed_links

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from realtime.audio import decode_file
-from realtime.vad import WINDOW, SegmentEnd, Segmenter, SegmentStart, VADConfig
+from realtime.live.vad import WINDOW, SegmentEnd, Segmenter, SegmentStart, VADConfig
 
 from speech import SENTENCES, compose
 

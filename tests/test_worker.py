@@ -9,8 +9,8 @@ import pytest
 
 from realtime.audio import decode_file
 from realtime.engines import EngineError, TranscribeOptions
-from realtime.memory import malloc_trim
-from realtime.worker import Job, Overloaded, Worker
+from realtime.live.memory import malloc_trim
+from realtime.live.worker import Job, Overloaded, Worker
 
 from real_speech import clips as real_clips
 from speech import SENTENCES, sentence_audio, wer
@@ -114,7 +114,7 @@ def test_memory_freed_by_a_busy_spell_goes_back_to_the_system_once_the_queue_emp
     """Batches of real speech through the service's worker, then idle: what glibc kept of the batches' memory has
     been returned (a malloc_trim of our own afterwards finds next to nothing left), each busy spell trimmed once."""
     from realtime.config import Settings
-    from realtime.service import TranscriptionService
+    from realtime.live.service import TranscriptionService
 
     audio = [decode_file(c.path) for c in real_clips({"short", "read"}, longest=12.0)[:16]]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime.convert import locate
+from realtime.engines.convert import locate
 
 WINDOW = 480000  # 30 s at 16 kHz
 

@@ -1,4 +1,11 @@
-"""Engine registry: the setting `engine` names one of these factories."""
+"""The engines: 16 kHz audio and options in, text and its times out; and the engine registry (the setting `engine`
+names one of its factories).
+
+Owns the contract (`base`, `types`), the decoding policy every engine follows (`policy`), the embedded, vLLM and
+remote engines (`embedded`, `vllm`, `remote` with `endpoints`), the CTranslate2 to Hugging Face converter
+(`convert`) and the vLLM engine's own process (`vllm_process`). May import only the ground (`realtime.audio`,
+`realtime.config`).
+"""
 
 from __future__ import annotations
 

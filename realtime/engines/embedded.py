@@ -68,7 +68,7 @@ def packaged_model(package: str, cache: Path | None = None) -> Path | None:
     import shutil
     import tempfile
 
-    from ..convert import ConversionError, locate
+    from .convert import ConversionError, locate
 
     try:
         src = locate(package)

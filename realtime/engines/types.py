@@ -7,11 +7,11 @@ from typing import Any, Literal
 
 LANE_HEADER = "X-Transcription-Lane"
 """The request header by which the remote engine marks a live final (`final`) for an endpoint that is this app or
-its pool, which puts such requests ahead of file work (realtime/api.py)."""
+its pool, which puts such requests ahead of file work (realtime/web/api.py)."""
 CLIP_HEADER = "X-Transcription-Clip"
 """The request header (`checked`) by which the remote engine asks an endpoint that is this app or its pool to decode
 the upload whole, as its own file path decodes a packed window to check it for coverage (no second VAD cut),
-and to answer `verbose_json` with the times it has: words where its engine aligns them (realtime/api.py)."""
+and to answer `verbose_json` with the times it has: words where its engine aligns them (realtime/web/api.py)."""
 APP_OWNER = "realtime-transcription"
 """`owned_by` of this app's /v1/models entry: how the remote engine knows an endpoint is this app or its pool."""
 
@@ -34,7 +34,7 @@ class TranscribeOptions:
     """A live session's final (the worker sets it): someone is waiting for it as they speak. Engines that queue
     requests elsewhere pass it on (the remote engine asks its endpoint for the finals lane); others ignore it."""
     coverage: bool = False
-    """Times are asked only to check that the text covers the clip's speech (realtime/coverage.py): an engine may
+    """Times are asked only to check that the text covers the clip's speech (realtime/live/coverage.py): an engine may
     answer with word times instead of timed pieces (the remote engine asks an endpoint that is this app to decode
     the clip as its own file path would)."""
 

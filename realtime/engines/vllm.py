@@ -1,7 +1,7 @@
 """The vLLM engine: Whisper on vLLM in a supervised process of its own virtual environment, on loopback.
 
 vLLM cannot live in the web app's environment (its pillow, starlette and torch pins clash with
-gradio's), so `VllmEngine` starts `realtime/vllm_service.py` with the vLLM environment's interpreter
+gradio's), so `VllmEngine` starts `realtime/engines/vllm_process/service.py` with the vLLM environment's interpreter
 (`--vllm-python`, default `.venv-vllm/bin/python`), waits until it says it is ready, and talks to it
 over HTTP on 127.0.0.1. This module owns that supervision and the client side:
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICE = Path(__file__).resolve().parents[1] / "vllm_service.py"
+SERVICE = Path(__file__).resolve().parent / "vllm_process" / "service.py"
 READY_MARK = "REALTIME_VLLM_READY"
 ERROR_MARK = "REALTIME_VLLM_ERROR"
 RETRIES = 3
@@ -79,7 +79,7 @@ class ModelRef:
 
 def resolve_model(model: str | None, cache_dir: str | None = None) -> ModelRef:
     """A --model value -> a Hugging Face checkpoint vLLM can load (CTranslate2 weights are converted once)."""
-    from ..convert import ConversionError, cached_checkpoint
+    from .convert import ConversionError, cached_checkpoint
 
     cache = cache_dir or None
     if not model:

@@ -1,0 +1,96 @@
+"""`python -m realtime bench KIND`: the command line of every benchmark (each in its own module)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import __doc__ as BENCHMARKS
+from .files import bench_file
+from .quant import _quant_one, bench_quant
+from .soak import bench_soak
+from .stream import bench_stream
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m realtime bench", description=BENCHMARKS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="kind", required=True)
+    f = sub.add_parser("file", help="long-form transcription RTFx and WER against faster-whisper and transformers")
+    f.add_argument("--audio", help="an audio file, or a manifest (.tsv, as tests/data/manifest.tsv) whose clips are "
+                                   "transcribed one file each (default: a synthesized multi-voice recording)")
+    f.add_argument("--text", help="its reference transcript (a text file)")
+    f.add_argument("--joined", type=float, metavar="PAUSE_S",
+                   help="with a manifest: its clips joined into one long recording, with pauses of this many seconds")
+    f.add_argument("--minutes", type=float, default=10.0, help="length of the synthesized recording")
+    f.add_argument("--model", help="tiny.en (default: the bundled one), base (multilingual, from its packages) or a "
+                                   "CTranslate2 directory")
+    f.add_argument("--compute-type", help="default: int8 for tiny.en, float32 for base")
+    f.add_argument("--runs", type=int, default=3)
+    f.add_argument("--only", help="comma-separated name prefixes of the pipelines to run (realtime, transformers, "
+                                  "vllm, faster-whisper batched); faster-whisper sequential always runs")
+    f.add_argument("--out", default="bench-out")
+    s = sub.add_parser("stream", help="live latency with N concurrent WebRTC clients")
+    s.add_argument("--clients", default="1,2,4,8,16")
+    s.add_argument("--audio", help="what every client plays: a recording (with --text), or a manifest (.tsv) whose "
+                                   "short clips are joined with pauses (default: synthesized sentences)")
+    s.add_argument("--text", help="the recording's reference transcript (a text file)")
+    s.add_argument("--seconds", type=float, default=180.0, help="speech taken from a manifest (s)")
+    s.add_argument("--order", choices=("own", "same"), default="own",
+                   help="from a manifest: each client plays the utterances in an order of its own (independent "
+                        "speakers), or all in the same order, their pauses together (the worst case)")
+    s.add_argument("--runs", type=int, default=1)
+    s.add_argument("--url", help="a running app (default: launch one)")
+    s.add_argument("--pid", type=int, help="the running app's process id, for CPU figures")
+    s.add_argument("--out", default="bench-out")
+    k = sub.add_parser("soak", help="N clients stream real speech for M minutes: RSS, open fds, latency, losses")
+    k.add_argument("--minutes", type=float, default=20.0)
+    k.add_argument("--clients", type=int, default=4)
+    k.add_argument("--audio", help="what every client plays, again and again: a recording (with --text), or a "
+                                   "manifest (.tsv) whose short clips are joined with pauses (default: "
+                                   "tests/data/manifest.tsv)")
+    k.add_argument("--text", help="the recording's reference transcript (a text file)")
+    k.add_argument("--seconds", type=float, default=40.0, help="speech taken from a manifest (s): one round")
+    k.add_argument("--warmup-minutes", type=float, help="growth is measured after this (default: 5, at most a "
+                                                        "quarter of the run)")
+    k.add_argument("--sample-s", type=float, help="seconds between samples (default: 60, at most a tenth of the run)")
+    k.add_argument("--url", help="a running app (default: launch one)")
+    k.add_argument("--pid", type=int, help="the running app's process id, for RSS and fd figures")
+    k.add_argument("--out", default="bench-out")
+    q = sub.add_parser("quant", help="compute types x offline models: WER, CER, RTFx, memory")
+    q.add_argument("--audio", help="a manifest of real clips (default: tests/data/manifest.tsv when present)")
+    q.add_argument("--vllm", default="base", help="models for the vLLM KV-cache rows (model dtype vs fp8), "
+                                                  "comma-separated (tiny.en, base); empty for none")
+    q.add_argument("--out", default="bench-out")
+    from .gpu import add_parser as add_gpu_parser
+    from .pool import add_parser as add_pool_parser
+
+    add_pool_parser(sub)
+    add_gpu_parser(sub)
+    one = sub.add_parser("quant-one")
+    one.add_argument("model")
+    one.add_argument("compute_type")
+    one.add_argument("clips")
+    args = parser.parse_args(argv)
+    if args.kind == "file":
+        bench_file(args)
+    elif args.kind == "stream":
+        bench_stream(args)
+    elif args.kind == "quant":
+        bench_quant(args)
+    elif args.kind == "pool":
+        from .pool import bench_pool
+
+        doc = bench_pool(args)
+        return 0 if doc["summary"]["lost_segments"] == 0 and doc["summary"]["back_down"] else 1
+    elif args.kind == "gpu":
+        from .gpu import bench_gpu
+
+        return bench_gpu(args)
+    elif args.kind == "soak":
+        doc = bench_soak(args)
+        return 0 if doc["summary"]["verdict"]["nothing_lost"] else 1
+    else:
+        print(json.dumps(_quant_one(args.model, args.compute_type, Path(args.clips))))
+    return 0

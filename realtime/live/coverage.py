@@ -1,0 +1,111 @@
+"""Nothing lost: which stretches of speech a decoded clip's text covers.
+
+A file's speech segments are packed into windows and each window is decoded in one pass (realtime/live/transcribe.py).
+Whisper may skip a sentence in the middle of a window, or end its decode early, and still give fluent text. The
+result's times say which audio its text came from: the words aligned on the encoder output (engines that declare
+`word_timestamps`) or Whisper's timed pieces (engines that declare `timestamps`). A segment whose speech holds a
+long stretch that no text lies over is `uncovered`; the file path decodes it again on its own (`redecode_options`)
+and that answer stands for it: its text, Whisper's no-speech verdict, or an error entry.
+
+A packed window whose greedy decode the decoding policy rejected (a loop, a guess) is not trusted to a sample at a
+higher temperature either: each of its segments is decoded alone (`sampled`). An engine that gives no times cannot
+be checked this way: its windows hold one segment each (`checkable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ..engines.base import Engine
+from ..engines.types import TranscribeOptions, Transcription
+
+Span = tuple[float, float]
+"""(start, end) in seconds from the start of a clip."""
+
+GAP_S = 2.0
+"""A stretch of speech this long with no text over it is a loss."""
+GAP_SHARE = 0.6
+"""So is a stretch over this share of a shorter segment's speech."""
+MIN_SPEECH_S = 0.25
+"""Segments with less speech than this need no cover (a click or a breath the VAD kept)."""
+REACH_S = 0.4
+"""How far beyond a word's or a piece's times its text counts as covering speech: alignment is coarse at the
+edges of words, and Whisper's piece boundaries fall in the pauses around them."""
+
+
+def checkable(engine: Engine) -> bool:
+    """Whether the engine's results say where their text came from (so a window may hold several segments)."""
+    return bool(engine.word_timestamps or engine.timestamps)
+
+
+def check_options(engine: Engine, options: TranscribeOptions) -> TranscribeOptions:
+    """The options a window is decoded with so that its result can be checked: word times where the engine
+    aligns words (text formats keep their decode and gain the words), else Whisper's timed pieces."""
+    if options.timestamps or options.word_timestamps or not checkable(engine):
+        return options
+    if engine.word_timestamps:
+        return replace(options, word_timestamps=True, coverage=True)
+    return replace(options, timestamps=True, coverage=True)
+
+
+def redecode_options(engine: Engine, options: TranscribeOptions, asked: TranscribeOptions,
+                     packed: bool) -> TranscribeOptions:
+    """The options an uncovered segment is decoded again with, alone. A segment that was packed with others is
+    decoded as the caller asked (alone, nothing lies beyond its own sentence to skip to); a window of one segment
+    whose text stopped short is decoded with Whisper's timestamp tokens where the engine gives them (long-form
+    decoding carries on past an early end). Word times only if `asked`."""
+    timestamps = asked.timestamps or (engine.timestamps and not packed)
+    return replace(options, timestamps=timestamps, word_timestamps=asked.word_timestamps, coverage=False)
+
+
+def timing(result: Transcription) -> list[Span] | None:
+    """Where the result's text lies in its clip: its words' times, else its timed pieces; None when it has text
+    but no times (one piece over the whole clip is no timing); [] when it has no text."""
+    if not result.text.strip():
+        return []
+    words = [(w.start, w.end) for w in result.words if w.word.strip()]
+    if words:
+        return words
+    pieces = [(p.start, p.end) for p in result.segments if p.text.strip()]
+    if len(pieces) == 1 and pieces[0][0] <= 0.0 and pieces[0][1] >= result.duration - 0.01:
+        return None
+    return pieces or None
+
+
+def sampled(result: Transcription) -> bool:
+    """Whether the decoding policy rejected the greedy decode and the text was sampled at a higher temperature:
+    for a packed window, a guess worth less than its segments' greedy decodes one by one (and one that differs
+    from run to run)."""
+    return float(result.extra.get("temperature") or 0.0) > 0.0
+
+
+def longest_gap(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> float:
+    """The longest stretch of `span` that no covered span (widened by `reach`) lies over."""
+    start, end = span
+    at, longest = start, 0.0
+    for a, b in sorted((a - reach, b + reach) for a, b in covered):
+        if b <= at:
+            continue
+        if a >= end:
+            break
+        longest = max(longest, min(a, end) - at)
+        at = max(at, b)
+        if at >= end:
+            break
+    return max(longest, end - at)
+
+
+def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
+    """Indexes of the speech spans (a window's segments) that hold a stretch of speech no text covers: at least
+    `GAP_S`, or `GAP_SHARE` of a shorter segment's speech."""
+    out = []
+    for i, (a, b) in enumerate(speech):
+        length = b - a
+        if length >= MIN_SPEECH_S and longest_gap((a, b), covered) >= min(GAP_S, GAP_SHARE * length):
+            out.append(i)
+    return out
+
+
+__all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "REACH_S", "Span", "check_options", "checkable", "longest_gap",
+           "redecode_options", "sampled", "timing", "uncovered"]

@@ -1,0 +1,132 @@
+"""The transcription service of one process: the engine, the worker and the live sessions.
+
+Sessions are keyed by their WebRTC connection id. Closed sessions keep their transcript (not their
+audio) for a while so that a page can still download it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..config import Settings
+from ..engines import Engine, create_engine
+from .events import Event
+from .memory import IdleTrim
+from .session import TranscriptionSession
+from .transcript import TranscriptSnapshot
+from .vad import SileroVAD, VADConfig
+from .worker import Worker
+
+log = logging.getLogger(__name__)
+
+KEEP_CLOSED = 64
+
+
+class TranscriptionService:
+    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.engine = engine or create_engine(settings)
+        self.vad_model = SileroVAD.shared()
+        self.worker: Worker | None = None
+        self.sessions: dict[str, TranscriptionSession] = {}
+        self.closed: OrderedDict[str, TranscriptSnapshot] = OrderedDict()
+        self.ready = False
+        self.error: str | None = None
+        self.started_at = time.time()
+        self.idle_trim = IdleTrim()
+
+    async def start(self) -> None:
+        try:
+            await self.engine.start()
+        except Exception as exc:
+            self.error = str(exc)
+            raise
+        self._ensure_worker()
+        self.ready = True
+
+    async def stop(self) -> None:
+        for sid in list(self.sessions):
+            self.close_session(sid)
+        if self.worker is not None:
+            await self.worker.stop()
+        self.idle_trim.cancel()
+        await self.engine.close()
+
+    def _ensure_worker(self) -> Worker:
+        if self.worker is None:  # first session on a loop where start() was not awaited
+            self.worker = Worker(self.engine, batch_size=self.engine.max_batch_size,
+                                 max_pending_audio_s=self.settings.max_pending_audio_s)
+            self.worker.on_idle = self.idle_trim
+            self.worker.start()
+        return self.worker
+
+    def file_worker(self) -> Worker:
+        """The worker that file jobs (API uploads) join, behind live finals."""
+        return self._ensure_worker()
+
+    def open_session(self, session_id: str, on_event: Callable[[Event], None],
+                     vad_config: VADConfig | None = None) -> TranscriptionSession:
+        """A live session; `vad_config` replaces the app's VAD settings for it (the Realtime API's turn detection)."""
+        existing = self.sessions.get(session_id)
+        if existing is not None:
+            return existing
+        s = self.settings
+        session = TranscriptionSession(
+            session_id,
+            self._ensure_worker(),
+            on_event,
+            vad_config=vad_config or s.vad_config(),
+            vad_model=self.vad_model,
+            partial_interval=s.partial_interval,
+            partial_interval_max=s.partial_interval_max,
+            language=s.language,
+            word_timestamps=s.word_times and self.engine.word_timestamps,
+        )
+        self.sessions[session_id] = session
+        log.info("session %s opened (%d live)", session_id, len(self.sessions))
+        return session
+
+    def close_session(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        session.close()
+        self.closed[session_id] = session.transcript.snapshot()
+        while len(self.closed) > KEEP_CLOSED:
+            self.closed.popitem(last=False)
+        log.info("session %s closed (%d live)", session_id, len(self.sessions))
+
+    def snapshot(self, session_id: str) -> TranscriptSnapshot | None:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.transcript.snapshot()
+        return self.closed.get(session_id)
+
+    def clear(self, session_id: str) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.clear()
+        self.closed.pop(session_id, None)
+
+    def health(self) -> dict[str, Any]:
+        worker = self.worker
+        return {
+            "ready": self.ready,
+            "error": self.error,
+            **self.engine.describe(),
+            "sessions": len(self.sessions),
+            "queue": {
+                "pending_finals": worker.pending_finals if worker else 0,
+                "pending_files": worker.pending_files if worker else 0,
+                "engine_latency_s": round(worker.stats.engine_latency, 3) if worker else None,
+                "finals": worker.stats.finals if worker else 0,
+                "partials": worker.stats.partials if worker else 0,
+                "files": worker.stats.files if worker else 0,
+                "partials_shed": worker.stats.partials_shed if worker else 0,
+                "errors": worker.stats.errors if worker else 0,
+            },
+        }

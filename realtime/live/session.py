@@ -1,0 +1,244 @@
+"""One live transcription session: audio frames in, transcript events out.
+
+A session owns its VAD state, the open segment's LocalAgreement, its transcript and its partial
+schedule. It hands segments to the shared `Worker` and reports `partial`, `final` and `error`
+events through a callback, in segment order.
+
+Finals are speculative: as soon as a pause has lasted the VAD's after-padding, the segment's final
+audio is known, so it is queued then; if the pause reaches the minimum silence the segment closes
+with that job's result (final latency is about the minimum silence, not silence plus inference), and
+if speech resumes first the job is withdrawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..engines import TranscribeOptions, Transcription
+from ..engines.policy import trim_loop
+from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
+from .stabilize import LocalAgreement
+from .transcript import Entry, Partial, Transcript
+from .vad import SegmentEnd, Segmenter, SegmentStart, SileroVAD, VADConfig
+from .worker import Job, Worker
+
+log = logging.getLogger(__name__)
+
+FIRST_PARTIAL_AFTER_S = 0.25
+"""Speech a segment needs before its first partial (a segment opens after 30 ms; Whisper has nothing to say
+about that little)."""
+
+
+@dataclass(frozen=True)
+class _Speculative:
+    """A final queued at a pause before it is known to be the end of the segment."""
+
+    segment: int
+    end: float
+    job: Job
+
+    def matches(self, segment: int, end: float) -> bool:
+        return (self.segment, self.end) == (segment, end)
+
+
+class TranscriptionSession:
+    def __init__(
+        self,
+        session_id: str,
+        worker: Worker,
+        on_event: Callable[[Event], None],
+        vad_config: VADConfig | None = None,
+        vad_model: SileroVAD | None = None,
+        partial_interval: float = 0.5,
+        partial_interval_max: float = 2.0,
+        language: str | None = None,
+        word_timestamps: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = session_id
+        self.worker = worker
+        self.on_event = on_event
+        self.segmenter = Segmenter(vad_config, vad_model)
+        self.partial_interval = partial_interval
+        self.partial_interval_max = partial_interval_max
+        self.options = TranscribeOptions(language=language, word_timestamps=word_timestamps)
+        self.clock = clock
+        self.transcript = Transcript()
+        self.closed = False
+        self.started_at = clock()
+        self._agreement = LocalAgreement()
+        self._last_partial_at = 0.0
+        self._wall_last = self.started_at
+        self._samples_last = 0
+        self._finals_pending: dict[int, asyncio.Future[Transcription]] = {}
+        self._ends: dict[int, SegmentEnd] = {}
+        self._speculative: _Speculative | None = None
+        self.last_latency: float | None = None
+
+    # -- time
+    @property
+    def stream_time(self) -> float:
+        return self.segmenter.samples / SAMPLE_RATE
+
+    def wall_at(self, stream_seconds: float) -> float:
+        """Wall-clock time at which the audio at `stream_seconds` reached the server."""
+        return self._wall_last - (self._samples_last / SAMPLE_RATE - stream_seconds)
+
+    # -- input
+    def feed(self, audio: np.ndarray) -> None:
+        if self.closed:
+            return
+        self._samples_last += audio.size
+        self._wall_last = self.clock()
+        for event in self.segmenter.feed(audio):
+            self._handle(event)
+        self._speculate()
+        self._maybe_partial()
+
+    def flush(self) -> None:
+        """End of input: close the open segment (file transcription, clean stream end)."""
+        for event in self.segmenter.flush():
+            self._handle(event)
+
+    def _handle(self, event: SegmentStart | SegmentEnd) -> None:
+        if isinstance(event, SegmentStart):
+            self._agreement = LocalAgreement()
+            self._last_partial_at = 0.0
+            self._emit(SpeechStarted(event.segment, event.start))
+            return
+        self.worker.drop_partial(self.id)
+        if self.transcript.partial is not None and self.transcript.partial.segment == event.segment:
+            self.transcript.partial = None
+        self._ends[event.segment] = event
+        self._emit(SpeechStopped(event.segment, event.start, event.end))
+        spec, self._speculative = self._speculative, None
+        if spec is not None and spec.matches(event.segment, event.end) and not spec.job.future.cancelled():
+            future = spec.job.future
+        else:
+            if spec is not None:
+                self.worker.cancel(spec.job)
+            future = self.worker.submit(Job(self.id, event.segment, event.audio, "final", self.options))
+        self._finals_pending[event.segment] = future
+        future.add_done_callback(lambda f, seg=event.segment: self._on_final(seg, f))
+
+    def _speculate(self) -> None:
+        pending = self.segmenter.pending_end()
+        spec = self._speculative
+        if pending is None:
+            if spec is not None:  # speech resumed: that pause was not the end
+                self.worker.cancel(spec.job)
+                self._speculative = None
+            return
+        segment, end, audio = pending
+        if spec is not None and spec.matches(segment, end):
+            return
+        if spec is not None:
+            self.worker.cancel(spec.job)
+        job = Job(self.id, segment, audio, "final", self.options)
+        self.worker.submit(job)
+        self._speculative = _Speculative(segment, end, job)
+
+    def _maybe_partial(self) -> None:
+        seg = self.segmenter
+        if not seg.announced or seg.paused or self.worker.has_partial(self.id):
+            return  # in a pause the speculative final is at most the after-padding away: leave it the engine
+        if self.stream_time - seg.speech_start < FIRST_PARTIAL_AFTER_S:
+            return
+        now = self.clock()
+        interval = min(self.partial_interval_max, max(self.partial_interval, 1.5 * self.worker.stats.engine_latency))
+        if self.worker.pending_finals:
+            interval = self.partial_interval_max
+        if now - self._last_partial_at < interval:
+            return
+        self._last_partial_at = now
+        segment, start, end = seg.segment, seg.speech_start, self.stream_time
+        job = Job(self.id, segment, seg.audio_so_far(), "partial",
+                  TranscribeOptions(language=self.options.language, task=self.options.task, partial=True),
+                  on_text=lambda text: self._on_partial_text(segment, start, end, text))
+        future = self.worker.submit(job)
+        future.add_done_callback(lambda f: self._on_partial(segment, start, end, f))
+
+    # -- results
+    def _on_partial(self, segment: int, start: float, end: float, future: asyncio.Future[Transcription]) -> None:
+        if self.closed or future.cancelled() or future.exception() is not None:
+            return
+        if not self.segmenter.announced or self.segmenter.segment != segment:
+            return  # the segment closed meanwhile: its final is on the way
+        hyp = self._agreement.update(trim_loop(future.result().text))
+        if not hyp.text:
+            return
+        self.transcript.partial = Partial(segment, start, end, hyp.committed, hyp.tentative)
+        self._emit(PartialEvent(segment, start, end, hyp.committed, hyp.tentative))
+
+    def _on_partial_text(self, segment: int, start: float, end: float, text: str) -> None:
+        """A streaming engine's hypothesis so far: shown as tentative words after the committed ones."""
+        if self.closed or not self.segmenter.announced or self.segmenter.segment != segment:
+            return
+        committed = self._agreement.committed
+        words = trim_loop(text).split()
+        tentative = " ".join(words[len(committed.split()):])
+        if not tentative:
+            return
+        self.transcript.partial = Partial(segment, start, end, committed, tentative)
+        self._emit(PartialEvent(segment, start, end, committed, tentative, streaming=True))
+
+    def _on_final(self, segment: int, future: asyncio.Future[Transcription]) -> None:
+        self._finals_pending.pop(segment, None)
+        end_event = self._ends.pop(segment, None)
+        if end_event is None or self.closed or future.cancelled():
+            return
+        latency = max(0.0, self.clock() - self.wall_at(end_event.end))
+        exc = future.exception()
+        start, end = end_event.start, end_event.end
+        if exc is not None:
+            self.transcript.add(Entry(segment, start, end, str(exc), kind="error", latency=latency))
+            self._emit(ErrorEvent(segment, start, end, str(exc)))
+            return
+        result = future.result()
+        text, language = result.text, result.language
+        words = tuple(dataclasses.replace(w, start=end_event.audio_start + w.start, end=end_event.audio_start + w.end)
+                      for w in result.words)  # in stream time (asked for with `options.word_timestamps`)
+        self.last_latency = latency
+        self.transcript.add(Entry(segment, start, end, text, latency=latency, language=language, words=words))
+        self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words))
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:  # a broken consumer must not stop transcription
+            log.exception("event consumer failed")
+
+    @property
+    def pending_finals(self) -> int:
+        """Closed segments whose final (or error) has not been delivered yet."""
+        return len(self._finals_pending)
+
+    # -- control
+    def choose(self, language: str | None, task: Literal["transcribe", "translate"] = "transcribe") -> None:
+        """Decode in `language` (None: the model detects it) with `task` from the next job on (a segment already
+        queued keeps what it was queued with)."""
+        if (language, task) != (self.options.language, self.options.task):
+            self.options = dataclasses.replace(self.options, language=language, task=task)
+
+    def clear(self) -> None:
+        self.transcript.clear()
+
+    def close(self) -> None:
+        """Disconnect: cancel queued work and free the audio buffers."""
+        self.closed = True
+        self.worker.cancel_session(self.id)
+        for future in self._finals_pending.values():
+            future.cancel()
+        self._finals_pending.clear()
+        self._ends.clear()
+        self._speculative = None
+        self.segmenter = Segmenter(self.segmenter.config, self.segmenter.model)

@@ -1,0 +1,517 @@
+"""File transcription: decode as a stream, cut with the same VAD as live audio, transcribe the segments in batches.
+
+Decoding and VAD run in a thread of their own and hand speech segments to the event loop through a bounded
+queue, so a long file never sits in memory whole (at most `max_queued` segments wait) and the event loop stays
+free for live sessions. Segments go to the engine as file jobs of the shared `Worker` (live finals go first), in
+batches of up to `batch_size` (the worker's by default) while the thread keeps cutting the next ones; results
+come out in order. Given an engine instead of a worker, a worker of its own serves the file.
+
+With `window_s`, consecutive segments are packed into windows of up to that many seconds (the silence between
+them dropped) before they reach the engine: Whisper sees neighbouring sentences, as faster-whisper's own
+long-form and batched pipelines let it, which cuts errors on isolated short sentences. Formats with times ask
+the engine for Whisper's timestamps and get one entry per timed piece, mapped back to the file's time
+(`timed_entries`); text formats take a window as one entry.
+
+A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of speech) is decoded with the
+recording around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's
+speech. The VAD may hear only a fraction of a second of a falsetto, creaky or quick voice, too little for Whisper,
+where the recording around it holds the rest of the phrase (faster-whisper's VAD, which waits 2 s of silence
+before it ends a span, gives it that much). Live sessions cannot wait for the audio after a segment, so this is
+for files.
+Used by `python -m realtime transcribe` and by the HTTP API (realtime/web/api.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE, iter_file
+from ..engines import Engine, TimedText, TranscribeOptions, Transcription
+from . import coverage
+from .transcript import Entry
+from .vad import SegmentEnd, Segmenter, SegmentStart, VADConfig, VADEvent
+from .worker import Job, Worker
+
+log = logging.getLogger(__name__)
+_DONE = object()
+CONTEXT_BEFORE_S = 1.0
+CONTEXT_AFTER_S = 2.0
+CONTEXT_SPEECH_S = 2.0
+"""A lone segment with less speech than this is decoded with the audio around it."""
+
+
+@dataclass(frozen=True)
+class Window(SegmentEnd):
+    """Consecutive segments packed into one clip, the silence between them dropped."""
+
+    parts: tuple[tuple[float, float], ...] = ()
+    """(offset in `audio`, stream time) of each packed segment's first sample, in order."""
+    context: np.ndarray | None = None
+    """A lone short segment's audio with the recording around it (see the module docstring), else None."""
+    context_start: float = 0.0
+    """Stream time of the first sample of `context`."""
+    speech: tuple[tuple[float, float], ...] = ()
+    """(start, end) of each packed segment's speech, in seconds into `audio`."""
+
+    @property
+    def heard(self) -> np.ndarray:
+        """The audio an engine is given: the context of a lone short segment, else the window's own."""
+        return self.audio if self.context is None else self.context
+
+    @property
+    def heard_speech(self) -> tuple[tuple[float, float], ...]:
+        """Each segment's speech in seconds into `heard`."""
+        if self.context is None:
+            return self.speech
+        return ((self.start - self.context_start, self.end - self.context_start),)
+
+    def bounds(self) -> list[tuple[float, float]]:
+        """(first, end) of each segment's audio in seconds into `heard`; a window over its context is one."""
+        if self.context is not None or len(self.parts) < 2:
+            return [(0.0, self.heard.size / SAMPLE_RATE)]
+        starts = [o for o, _ in self.parts]
+        return list(itertools.pairwise([*starts, self.audio.size / SAMPLE_RATE]))
+
+    def part_audio(self, i: int) -> np.ndarray:
+        """The audio of packed segment `i` alone (a window over its context gives the context)."""
+        a, b = self.bounds()[i]
+        return self.heard[round(a * SAMPLE_RATE):round(b * SAMPLE_RATE)]
+
+    def decoded(self, result: Transcription, timed: bool) -> Window:
+        """The window as its result was decoded: over its context, if it had one, so that times and words map to
+        the stream. Its span grows to the timed pieces that Whisper found in the context."""
+        if self.context is None:
+            return self
+        start, end = self.start, self.end
+        pieces = [p for p in result.segments if p.text] if timed and result.text.strip() else []
+        if pieces:
+            start = min(start, self.context_start + pieces[0].start)
+            end = max(end, self.context_start + pieces[-1].end)
+        return Window(self.segment, start, end, self.context, self.forced, self.context_start,
+                      ((0.0, self.context_start),), speech=self.heard_speech)
+
+    def stream_time(self, t: float, end: bool = False) -> float:
+        """The stream time of `t` seconds into the window's audio (an end belongs to the part before it)."""
+        offset, at = self.parts[0]
+        for o, a in self.parts[1:]:
+            if t > o or (t == o and not end):
+                offset, at = o, a
+        return at + (t - offset)
+
+
+class _Packer:
+    """Packs consecutive segments into windows of at most `seconds` of audio (a longer segment stays alone) and at
+    most `max_parts` segments."""
+
+    def __init__(self, seconds: float, max_parts: int | None = None) -> None:
+        self.limit = int(seconds * SAMPLE_RATE)
+        self.max_parts = max_parts
+        self.parts: list[SegmentEnd] = []
+        self.context: tuple[np.ndarray, float] | None = None
+        self.size = 0
+        self.index = 0
+
+    def add(self, end: SegmentEnd, context: tuple[np.ndarray, float] | None = None) -> list[SegmentEnd]:
+        full = self.size + end.audio.size > self.limit or len(self.parts) == (self.max_parts or -1)
+        out = [self._emit()] if self.parts and full else []
+        self.parts.append(end)
+        self.context = context if len(self.parts) == 1 else None
+        self.size += end.audio.size
+        return out
+
+    def flush(self) -> list[SegmentEnd]:
+        return [self._emit()] if self.parts else []
+
+    def _emit(self) -> Window:
+        parts, self.parts, self.size = self.parts, [], 0
+        audio = parts[0].audio if len(parts) == 1 else np.concatenate([p.audio for p in parts])
+        offsets = np.cumsum([0, *(p.audio.size for p in parts[:-1])]) / SAMPLE_RATE
+        context, context_start = self.context or (None, 0.0)
+        self.context = None
+        window = Window(self.index, parts[0].start, parts[-1].end, audio, parts[-1].forced, parts[0].audio_start,
+                        tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)),
+                        context, context_start,
+                        tuple((float(o) + p.start - p.audio_start, float(o) + p.end - p.audio_start)
+                              for o, p in zip(offsets, parts, strict=True)))
+        self.index += 1
+        return window
+
+
+class _Surroundings:
+    """The recent audio of a file, and the segments waiting for the audio after them (`CONTEXT_AFTER_S`) before
+    they go on, in order, each short one with its context."""
+
+    def __init__(self, vad: VADConfig) -> None:
+        self.keep = int((vad.max_segment_s + CONTEXT_BEFORE_S + 2.0) * SAMPLE_RATE)
+        self.audio = np.zeros(0, np.float32)
+        self.origin = 0  # stream sample index of audio[0]
+        self.waiting: deque[tuple[SegmentEnd, int, int]] = deque()  # end, its context's first and last sample
+        self.last_end = 0  # stream sample index where the previous segment's audio ended
+
+    @property
+    def read_to(self) -> int:
+        return self.origin + self.audio.size
+
+    def read(self, chunk: np.ndarray) -> None:
+        self.audio = np.concatenate([self.audio, chunk])
+
+    def events(self, events: Iterable[object]) -> None:
+        for event in events:
+            if isinstance(event, SegmentStart):  # the waiting segments' context ends where this speech starts
+                at = round(event.start * SAMPLE_RATE)
+                self.waiting = deque((e, a, b if b < 0 else max(min(b, at), a)) for e, a, b in self.waiting)
+            elif isinstance(event, SegmentEnd):
+                first = round(event.audio_start * SAMPLE_RATE)
+                last = first + event.audio.size
+                short = event.end - event.start < CONTEXT_SPEECH_S
+                a = min(first, max(self.last_end, self.origin, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE)))
+                self.waiting.append((event, a, last + round(CONTEXT_AFTER_S * SAMPLE_RATE) if short else -1))
+                self.last_end = last
+
+    def ready(self, flush: bool = False) -> list[tuple[SegmentEnd, tuple[np.ndarray, float] | None]]:
+        out = []
+        while self.waiting and (flush or self.waiting[0][2] <= self.read_to):
+            end, a, b = self.waiting.popleft()
+            context = None
+            if b >= 0:
+                context = (self.audio[a - self.origin:min(b, self.read_to) - self.origin].copy(), a / SAMPLE_RATE)
+            out.append((end, context))
+        floor = min([self.read_to - self.keep, *(a for _, a, _ in self.waiting)])
+        if floor > self.origin:
+            self.audio, self.origin = self.audio[floor - self.origin:], floor
+        return out
+
+
+def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> list[Entry]:
+    """One entry per timed piece of a result (Whisper's own segments, in stream time), numbered from `first`;
+    a result without times is one entry for the whole segment or window."""
+    pieces = [s for s in result.segments if s.text] if result.text else []
+    if len(pieces) < 2:
+        return [Entry(first, end.start, end.end, result.text.strip())]
+    out = []
+    for n, piece in enumerate(pieces):
+        if isinstance(end, Window):
+            start, stop = end.stream_time(piece.start), end.stream_time(piece.end, end=True)
+        else:
+            start, stop = end.audio_start + piece.start, end.audio_start + piece.end
+        start, stop = max(end.start, min(start, end.end)), min(end.end, max(stop, start))
+        out.append(Entry(first + n, round(start, 3), round(max(stop, start), 3), piece.text.strip()))
+    return out
+
+
+class SegmentStream:
+    """Speech segments of a file, cut by a decode + VAD thread and handed over through a bounded queue.
+
+    Iterate it on the event loop; `duration` is the file's length in seconds once iteration has ended.
+    A decode error is raised by the iteration at the point where it happened. `close()` stops the thread.
+    With `window_s` the items are windows of packed segments (numbered 0, 1, ... themselves), at most `max_parts`
+    segments each (`window_parts`).
+    """
+
+    def __init__(self, path: str | Path, vad: VADConfig | None = None, max_queued: int = 8,
+                 window_s: float | None = None, max_parts: int | None = None) -> None:
+        self.path = Path(path)
+        self.vad = vad
+        self.window_s = window_s
+        self.max_parts = max_parts
+        self.duration = 0.0
+        self._slots = threading.Semaphore(max(1, max_queued))
+        self._stop = threading.Event()
+        self._items: deque[object] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def _push(self, item: object) -> None:  # on the event loop
+        self._items.append(item)
+        assert self._arrived is not None
+        self._arrived.set()
+
+    def _put(self, loop: asyncio.AbstractEventLoop, item: object) -> bool:
+        while not self._slots.acquire(timeout=0.2):
+            if self._stop.is_set():
+                return False
+        if self._stop.is_set():
+            return False
+        try:
+            loop.call_soon_threadsafe(self._push, item)
+        except RuntimeError:  # the loop has closed
+            return False
+        return True
+
+    def _produce(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            segmenter = Segmenter(self.vad)
+            packer = _Packer(self.window_s, self.max_parts) if self.window_s else None
+            around = _Surroundings(segmenter.config) if packer else None
+
+            def put(events: list[VADEvent], flush: bool = False) -> bool:
+                if packer is None or around is None:
+                    return all(self._put(loop, e) for e in events if isinstance(e, SegmentEnd))
+                around.events(events)
+                for end, context in around.ready(flush):
+                    for item in packer.add(end, context):
+                        if not self._put(loop, item):
+                            return False
+                return True
+
+            for chunk in iter_file(self.path):
+                if around is not None:
+                    around.read(chunk)
+                if not put(segmenter.feed(chunk)) or self._stop.is_set():
+                    return
+            self.duration = segmenter.samples / SAMPLE_RATE
+            if not put(segmenter.flush(), flush=True):
+                return
+            for item in packer.flush() if packer else []:
+                if not self._put(loop, item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(loop, exc)
+            return
+        self._put(loop, _DONE)
+
+    def _take(self) -> object:
+        item = self._items.popleft()
+        self._slots.release()
+        return item
+
+    async def __aiter__(self) -> AsyncIterator[SegmentEnd]:
+        if self._thread is not None:
+            raise RuntimeError("a SegmentStream is iterated once")
+        self._arrived = asyncio.Event()
+        self._thread = threading.Thread(target=self._produce, args=(asyncio.get_running_loop(),),
+                                        name="decode-vad", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                while not self._items:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                item = self._take()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, SegmentEnd)
+                yield item
+        finally:
+            self.close()
+
+    def ready(self, limit: int) -> list[SegmentEnd]:
+        """Up to `limit` segments already cut (no waiting); an error or the end stays for the iterator."""
+        out: list[SegmentEnd] = []
+        while self._items and len(out) < limit and isinstance(self._items[0], SegmentEnd):
+            out.append(self._take())  # type: ignore[arg-type]
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _lane(options: TranscribeOptions) -> Literal["final", "file"]:
+    """The worker's lane for a file's jobs: the finals lane for another app's live final (`options.live`, set by
+    the API from the remote engine's hint), else the file lane."""
+    return "final" if options.live else "file"
+
+
+@contextlib.asynccontextmanager
+async def _worker_for(runner: Engine | Worker) -> AsyncIterator[Worker]:
+    if isinstance(runner, Worker):
+        yield runner
+        return
+    worker = Worker(runner, batch_size=runner.max_batch_size)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
+def window_parts(engine: Engine) -> int | None:
+    """How many segments a window may pack for this engine: any number where its results can be checked for
+    coverage (realtime/live/coverage.py), else one."""
+    return None if coverage.checkable(engine) else 1
+
+
+async def transcribe_results(
+    path: str | Path,
+    runner: Engine | Worker,
+    vad: VADConfig | None = None,
+    options: TranscribeOptions | None = None,
+    *,
+    batch_size: int | None = None,
+    stream: SegmentStream | None = None,
+    window_s: float | None = None,
+) -> AsyncIterator[tuple[SegmentEnd, Transcription | BaseException]]:
+    """(segment, result or the engine's error) per speech segment of the file, in order.
+
+    Raises AudioDecodeError on input that does not decode. Pass `stream` to read its `duration` afterwards;
+    `window_s` packs segments into windows (see the module docstring) when no `stream` is given. Every segment of
+    a window is accounted for (`_account`) before the window's result is given.
+    """
+    asked = options or TranscribeOptions()
+    engine = runner.engine if isinstance(runner, Worker) else runner
+    segments = stream or SegmentStream(path, vad, window_s=window_s, max_parts=window_parts(engine))
+    iterator = segments.__aiter__()
+    name = f"file-{uuid.uuid4().hex[:12]}"
+    n = 0
+    async with _worker_for(runner) as worker:
+        size = max(1, batch_size or worker.batch_size)
+        checked = coverage.check_options(worker.engine, asked)
+        try:
+            async for first in iterator:
+                batch = [first, *segments.ready(size - 1)]
+                futures = [worker.submit(Job(name, n + i, e.heard, _lane(asked),
+                                             checked if isinstance(e, Window) else asked))
+                           for i, e in enumerate(batch)]
+                n += len(batch)
+                results = await asyncio.gather(*futures, return_exceptions=True)
+                for end, result in zip(batch, results, strict=True):
+                    if isinstance(end, Window) and isinstance(result, Transcription):
+                        result = await _account(worker, name, end, result, checked, asked)
+                    if isinstance(end, Window) and isinstance(result, Transcription):
+                        end = end.decoded(result, asked.timestamps)
+                    yield end, result
+        finally:
+            worker.cancel_session(name)
+            segments.close()
+            await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _account(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
+                   asked: TranscribeOptions) -> Transcription | BaseException:
+    """The coverage rule (realtime/live/coverage.py) on a window's result: each segment whose speech its text does not
+    cover is decoded again alone, and its answer takes that segment's place. A result without times (an endpoint
+    that gave none), or one sampled after the greedy decode was rejected, has every segment of a packed window
+    decoded alone. A text format's window stays one piece,
+    and word times the caller did not ask for are dropped from the result."""
+    spans = coverage.timing(result)
+    speech = window.heard_speech
+    if spans is None or coverage.sampled(result):
+        missing = list(range(len(speech))) if len(speech) > 1 else []
+    else:
+        missing = coverage.uncovered(speech, spans)
+    if missing:
+        log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
+                 window.segment, len(missing), len(speech))
+        redo = coverage.redecode_options(worker.engine, options, asked, packed=len(speech) > 1)
+        jobs = [Job(name, window.segment, window.part_audio(i), _lane(asked), redo) for i in missing]
+        answers = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is not None:
+            return failed
+        result = _splice(window, result, {i: a for i, a in zip(missing, answers, strict=True)
+                                          if isinstance(a, Transcription)})
+    if not asked.timestamps:  # a text format: the window is one entry
+        words = result.words if asked.word_timestamps else ()
+        text = result.text.strip()
+        result = replace(result, segments=(TimedText(0.0, result.duration, text, words),) if text else ())
+    elif result.words and not asked.word_timestamps:
+        result = replace(result, segments=tuple(replace(p, words=()) for p in result.segments if p.text))
+    return result
+
+
+def _splice(window: Window, result: Transcription, redone: dict[int, Transcription]) -> Transcription:
+    """The window's result with the segments in `redone` answered by their own decode: its words (or timed
+    pieces) that lie in another segment's audio kept, in order, with the new answers in their places."""
+    bounds = window.bounds()
+
+    def part(t: float) -> int:
+        return min(range(len(bounds)), key=lambda k: max(bounds[k][0] - t, 0.0, t - bounds[k][1]))
+
+    def shifted(answer: Transcription, offset: float, length: float) -> list[TimedText]:
+        pieces = [p for p in answer.segments if p.text.strip()] or (
+            [TimedText(0.0, length, answer.text.strip())] if answer.text.strip() else [])
+        return [TimedText(p.start + offset, p.end + offset, p.text.strip(),
+                          tuple(replace(w, start=w.start + offset, end=w.end + offset) for w in p.words))
+                for p in pieces]
+
+    pieces: list[TimedText] = []
+    if result.words:  # one piece per segment, its words
+        words = [w for w in result.words if part((w.start + w.end) / 2) not in redone]
+        for k, (a, b) in enumerate(bounds):
+            if k in redone:
+                pieces += shifted(redone[k], a, b - a)
+                continue
+            mine = tuple(w for w in words if part((w.start + w.end) / 2) == k)
+            if mine:
+                pieces.append(TimedText(mine[0].start, mine[-1].end, "".join(w.word for w in mine).strip(), mine))
+    else:
+        pieces = [p for p in result.segments if p.text.strip() and part((p.start + p.end) / 2) not in redone]
+        for k, answer in redone.items():
+            pieces += shifted(answer, bounds[k][0], bounds[k][1] - bounds[k][0])
+        pieces.sort(key=lambda p: p.start)
+    text = " ".join(p.text for p in pieces if p.text)
+    return replace(result, text=text, segments=tuple(pieces),
+                   extra={**result.extra, "redecoded": sorted(redone)})
+
+
+async def stream_text(worker: Worker, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:
+    """One clip as a file job, its text in deltas as a streaming engine decodes it (else the whole text once)."""
+    texts: asyncio.Queue[str] = asyncio.Queue()
+    job = Job(f"file-{uuid.uuid4().hex[:12]}", 0, audio, _lane(options), options, on_text=texts.put_nowait)
+    future = worker.submit(job)
+    said = ""
+    try:
+        while not (future.done() and texts.empty()):
+            getter = asyncio.ensure_future(texts.get())
+            await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue
+            text = getter.result()
+            if text.startswith(said) and len(text) > len(said):
+                yield text[len(said):]
+                said = text
+        final = future.result().text  # raises the engine's error
+        if final.startswith(said) and len(final) > len(said):
+            yield final[len(said):]
+    finally:
+        worker.cancel(job)
+
+
+async def transcribe_segments(
+    path: str | Path,
+    runner: Engine | Worker,
+    vad: VADConfig | None = None,
+    options: TranscribeOptions | None = None,
+    batch_size: int | None = None,
+    window_s: float | None = None,
+) -> AsyncIterator[Entry]:
+    """Yield the entries of the file in order: one per speech segment or packed window, or with
+    `options.timestamps` one per timed piece that Whisper found in it.
+
+    Raises AudioDecodeError on bad input."""
+    n = 0
+    async for end, result in transcribe_results(path, runner, vad, options, batch_size=batch_size,
+                                                window_s=window_s):
+        if isinstance(result, BaseException):
+            entries = [Entry(n, end.start, end.end, f"transcription failed: {result}", kind="error")]
+        else:
+            entries = timed_entries(end, result, n)
+        n += len(entries)
+        for entry in entries:
+            yield entry
+
+
+async def transcribe_file(
+    path: str | Path,
+    runner: Engine | Worker,
+    vad: VADConfig | None = None,
+    options: TranscribeOptions | None = None,
+    batch_size: int | None = None,
+    window_s: float | None = None,
+) -> list[Entry]:
+    return [e async for e in transcribe_segments(path, runner, vad, options, batch_size, window_s)]

@@ -1,0 +1,328 @@
+"""Streaming voice activity detection: Silero VAD probabilities turned into speech segments.
+
+`SileroVAD` runs the ONNX model shipped inside the `silero-vad` wheel (no hub download) on 512-sample
+windows at 16 kHz; one model serves every session, each session keeps its own recurrent state.
+`Segmenter` turns the per-window probabilities into `SegmentStart` / `SegmentEnd` events with
+hysteresis, minimum speech and silence, padding and a forced split at the quietest point.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..config import VADConfig
+
+WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
+QUIET_ENERGY = WINDOW * 1e-9  # sum of squares of a window at -90 dBFS RMS: digital silence, not a quiet voice
+LEVEL_TARGET = 0.1
+"""Silero hears a quiet voice raised so that the recent peak level reaches this."""
+LEVEL_FLOOR = 1e-3
+"""Peaks below this (-60 dBFS) are a noise floor, not raised."""
+LEVEL_MAX_GAIN = 30.0
+LEVEL_HALF_LIFE_S = 5.0
+_CONTEXT = 64
+
+def _silero_model_path() -> Path:
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the silero-vad package is not installed (pip install silero-vad)")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad_16k_op15.onnx"
+
+
+class SileroVAD:
+    """The Silero VAD ONNX model, loaded once per process and shared by all sessions."""
+
+    _shared: SileroVAD | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path | None = None) -> None:
+        import onnxruntime
+
+        opts = onnxruntime.SessionOptions()
+        opts.inter_op_num_threads = 1
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 3
+        self._session = onnxruntime.InferenceSession(
+            str(path or _silero_model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+
+    @classmethod
+    def shared(cls) -> SileroVAD:
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def new_state(self) -> VADState:
+        return VADState()
+
+    def __call__(self, window: np.ndarray, state: VADState) -> float:
+        """Speech probability of one 512-sample window; updates `state` in place."""
+        x = np.concatenate([state.context, window]).reshape(1, -1).astype(np.float32, copy=False)
+        out, new_state = self._session.run(None, {"input": x, "state": state.rnn, "sr": self._sr})
+        state.rnn = new_state
+        state.context = window[-_CONTEXT:].copy()
+        return float(out[0][0])
+
+
+@dataclass
+class VADState:
+    rnn: np.ndarray = None  # type: ignore[assignment]
+    context: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.rnn = np.zeros((2, 1, 128), dtype=np.float32)
+        self.context = np.zeros(_CONTEXT, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class SegmentStart:
+    segment: int
+    start: float
+    """Start of speech, seconds since the stream began."""
+
+
+@dataclass(frozen=True)
+class SegmentEnd:
+    segment: int
+    start: float
+    end: float
+    """End of speech (unpadded), seconds since the stream began."""
+    audio: np.ndarray
+    """The segment's audio including padding."""
+    forced: bool = False
+    """True when the segment was cut at the maximum length rather than at a pause."""
+    audio_start: float = 0.0
+    """Stream time of the first sample of `audio` (the padding before the speech included)."""
+
+    @property
+    def heard(self) -> np.ndarray:
+        """The audio an engine is given for this segment (a file's window may give more: transcribe.py)."""
+        return self.audio
+
+
+VADEvent = SegmentStart | SegmentEnd
+
+
+class _Buffer:
+    """Append-only float32 buffer; views handed out stay valid and unchanged."""
+
+    def __init__(self, capacity: int) -> None:
+        self._data = np.empty(capacity, dtype=np.float32)
+        self.size = 0
+
+    def append(self, x: np.ndarray) -> None:
+        need = self.size + x.size
+        if need > self._data.size:
+            grown = np.empty(max(need, 2 * self._data.size), dtype=np.float32)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size : need] = x
+        self.size = need
+
+    def view(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        return self._data[start : self.size if end is None else min(end, self.size)]
+
+
+class Segmenter:
+    """Per-session streaming segmentation. Feed 16 kHz float32 audio of any chunk size."""
+
+    def __init__(self, config: VADConfig | None = None, model: SileroVAD | None = None) -> None:
+        self.config = config or VADConfig()
+        self.model = model or SileroVAD.shared()
+        self.state = self.model.new_state()
+        ms = SAMPLE_RATE // 1000
+        self._pad_before = self.config.pad_before_ms * ms
+        self._pad_after = self.config.pad_after_ms * ms
+        self._min_speech = self.config.min_speech_ms * ms
+        self._min_silence = self.config.min_silence_ms * ms
+        self._max_len = int(self.config.max_segment_s * SAMPLE_RATE)
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._preroll = np.zeros(0, dtype=np.float32)
+        self.samples = 0  # samples processed through the model
+        self._quiet = False
+        self._level = 0.0  # recent peak level: rises at once, falls with LEVEL_HALF_LIFE_S
+        self._level_decay = 0.5 ** (WINDOW / SAMPLE_RATE / LEVEL_HALF_LIFE_S)
+        self._next_index = 0
+        self._reset_segment()
+
+    def _reset_segment(self) -> None:
+        self.active = False
+        self._announced = False
+        self._buf: _Buffer | None = None
+        self._buf_origin = 0  # stream sample index of buffer position 0
+        self._speech_start = 0
+        self._last_speech = 0  # stream sample index just past the last speech window
+        self._silence_from: int | None = None
+        self._probs: list[float] = []
+        self._index = -1
+
+    @property
+    def segment(self) -> int:
+        """Index of the open segment (valid while `announced`)."""
+        return self._index
+
+    @property
+    def announced(self) -> bool:
+        return self.active and self._announced
+
+    @property
+    def speech_start(self) -> float:
+        return self._speech_start / SAMPLE_RATE
+
+    def audio_so_far(self) -> np.ndarray:
+        """The open segment's audio (with leading padding); an unchanging view, no copy."""
+        return self._buf.view() if self._buf is not None else np.zeros(0, dtype=np.float32)
+
+    @property
+    def paused(self) -> bool:
+        """Speech in the open segment has stopped (perhaps only for a moment)."""
+        return self._silence_from is not None
+
+    def pending_end(self) -> tuple[int, float, np.ndarray] | None:
+        """While speech has paused for at least the after-padding: (segment, end, audio) as the segment would
+        close now. If the pause lasts `min_silence_ms`, the `SegmentEnd` carries exactly this end and audio."""
+        if not self.announced or self._silence_from is None or self._buf is None:
+            return None
+        if self.samples - self._silence_from < self._pad_after:
+            return None
+        cut = self._silence_from + self._pad_after
+        return self._index, self._silence_from / SAMPLE_RATE, self._buf.view(0, cut - self._buf_origin)
+
+    def feed(self, audio: np.ndarray) -> list[VADEvent]:
+        events: list[VADEvent] = []
+        data = np.concatenate([self._pending, audio]) if self._pending.size else audio
+        n = data.size - data.size % WINDOW
+        for off in range(0, n, WINDOW):
+            self._step(data[off : off + WINDOW], events)
+        self._pending = data[n:].copy()
+        return events
+
+    def flush(self) -> list[VADEvent]:
+        """End of stream: close the open segment if it is long enough."""
+        events: list[VADEvent] = []
+        if self._pending.size:
+            self._step(np.pad(self._pending, (0, WINDOW - self._pending.size)), events)
+            self._pending = np.zeros(0, dtype=np.float32)
+        if self.active:
+            end = self._silence_from if self._silence_from is not None else self.samples
+            self._close(end, events)
+        return events
+
+    def _probability(self, window: np.ndarray) -> float:
+        """Silero's speech probability; digitally silent windows (below -90 dBFS) skip the model while no segment
+        is open, and the model then starts again from a fresh state, as at the start of a stream."""
+        if not self.active and float(np.dot(window, window)) < QUIET_ENERGY:
+            if not self._quiet:
+                self.state = self.model.new_state()
+                self._quiet = True
+            return 0.0
+        self._quiet = False
+        return self.model(self._raised(window), self.state)
+
+    def _raised(self, window: np.ndarray) -> np.ndarray:
+        """The window as Silero should hear it: a quiet voice (laptop microphones without auto gain) raised by
+        the gain that brings the recent peak level to LEVEL_TARGET; the segment's audio itself is not changed."""
+        self._level = max(float(np.max(np.abs(window))), self._level * self._level_decay)
+        if self._level >= LEVEL_TARGET or self._level < LEVEL_FLOOR:
+            return window
+        return window * min(LEVEL_MAX_GAIN, LEVEL_TARGET / self._level)
+
+    def _step(self, window: np.ndarray, events: list[VADEvent]) -> None:
+        p = self._probability(window)
+        pos = self.samples
+        self.samples += WINDOW
+        cfg = self.config
+        if not self.active:
+            if p >= cfg.threshold:
+                self._open(pos, window)
+            elif self._pad_before:
+                self._preroll = np.concatenate([self._preroll, window])[-self._pad_before :]
+            return
+        assert self._buf is not None
+        self._buf.append(window)
+        self._probs.append(p)
+        if p >= cfg.threshold:
+            self._silence_from = None
+            self._last_speech = self.samples
+        elif p < cfg.neg_threshold and self._silence_from is None:
+            self._silence_from = pos
+        if not self._announced and self._last_speech - self._speech_start >= self._min_speech:
+            self._announced = True
+            self._index = self._next_index
+            self._next_index += 1
+            events.append(SegmentStart(self._index, self._speech_start / SAMPLE_RATE))
+        if self._silence_from is not None and self.samples - self._silence_from >= self._min_silence:
+            self._close(self._silence_from, events)
+        elif self.samples - self._speech_start >= self._max_len:
+            self._split(events)
+
+    def _open(self, pos: int, window: np.ndarray, carry: np.ndarray | None = None) -> None:
+        self.active = True
+        self._announced = False
+        pre = self._preroll if carry is None else carry
+        self._buf = _Buffer(int(SAMPLE_RATE * 4))
+        self._buf.append(pre)
+        self._buf.append(window)
+        self._buf_origin = pos - pre.size
+        self._speech_start = pos
+        self._last_speech = pos + WINDOW
+        self._silence_from = None
+        self._probs = [1.0]
+        self._preroll = np.zeros(0, dtype=np.float32)
+
+    def _close(self, speech_end: int, events: list[VADEvent], forced: bool = False) -> None:
+        assert self._buf is not None
+        if self._announced:
+            cut = speech_end + (0 if forced else self._pad_after)
+            audio = self._buf.view(0, cut - self._buf_origin)
+            events.append(
+                SegmentEnd(self._index, self._speech_start / SAMPLE_RATE, speech_end / SAMPLE_RATE, audio, forced,
+                           self._buf_origin / SAMPLE_RATE)
+            )
+        if self._pad_before:
+            tail = self._buf.view()[-self._pad_before :]
+            self._preroll = tail.copy()
+        self._reset_segment()
+
+    def _split(self, events: list[VADEvent]) -> None:
+        """Cut a segment at max length at its quietest window in the last third; speech goes on."""
+        assert self._buf is not None
+        probs = np.asarray(self._probs)
+        n = probs.size
+        lo = max(1, (2 * n) // 3)
+        audio = self._buf.view()
+        first_window = self._speech_start - self._buf_origin  # offset of probs[0]'s window in buf
+        best, best_key = n - 1, (2.0, 0.0)
+        for i in range(lo, n):
+            off = first_window + i * WINDOW
+            w = audio[off : off + WINDOW]
+            key = (float(probs[i]), float(np.sqrt(np.mean(w * w))) if w.size else 0.0)
+            if key < best_key:
+                best, best_key = i, key
+        cut_in_buf = first_window + best * WINDOW
+        cut = self._buf_origin + cut_in_buf
+        rest = audio[cut_in_buf:].copy()
+        index = self._index
+        self._close(cut, events, forced=True)
+        # the new segment continues immediately from the cut, already announced (speech is ongoing)
+        self.active = True
+        self._announced = True
+        self._index = index + 1
+        self._next_index = index + 2
+        self._buf = _Buffer(int(SAMPLE_RATE * 4))
+        self._buf.append(rest)
+        self._buf_origin = cut
+        self._speech_start = cut
+        self._last_speech = self.samples
+        self._silence_from = None
+        self._probs = list(probs[best:])
+        self._preroll = np.zeros(0, dtype=np.float32)
+        events.append(SegmentStart(self._index, cut / SAMPLE_RATE))

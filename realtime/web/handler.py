@@ -1,0 +1,85 @@
+"""The FastRTC audio handler: one per WebRTC connection, bridging frames to a `TranscriptionSession`; and
+`apply_page_inputs` (with `picked_language`), the page's language picker and translate toggle on a session.
+
+The page applies those itself (`build_page`: at the session's first event, speech started, before any decoding,
+and on each change, on the session the page's state names) rather than as stream inputs: fastrtc's inputs
+(`latest_args`, `wait_for_args`) add events on the WebRTC component with which the page sometimes lost its
+transcript after a stop and a new start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from fastrtc import AdditionalOutputs, AsyncStreamHandler
+from fastrtc.utils import get_current_context
+
+from ..audio import SAMPLE_RATE, FrameConverter
+from ..live.events import PAGE_EVENTS, Event
+from ..live.service import TranscriptionService
+from ..live.session import TranscriptionSession
+
+EMIT_WAIT = 0.5  # emit() must wait on something: an idle session wakes twice a second
+DETECT = "detect"
+"""The language picker's value for letting the model detect the language."""
+
+
+def picked_language(engine_languages: tuple[str, ...], value: Any, default: str | None) -> str | None:
+    """The language code a picker value asks for (None: detect); a value the engine does not take: `default`."""
+    if value == DETECT:
+        return None
+    return value if isinstance(value, str) and value in engine_languages else default
+
+
+def apply_page_inputs(service: TranscriptionService, session: TranscriptionSession, language: Any,
+                      translate: Any) -> None:
+    """The page's (language, translate) on `session`: a language the engine does not take, or translation on an
+    engine that cannot, leaves the app's setting."""
+    engine = service.engine
+    chosen = picked_language(engine.languages, language, service.settings.language)
+    session.choose(chosen, "translate" if translate and engine.translates else "transcribe")
+
+
+class TranscriptionHandler(AsyncStreamHandler):
+    def __init__(self, service: TranscriptionService) -> None:
+        # fastrtc resamples browser audio to input_sample_rate before receive()
+        super().__init__(expected_layout="mono", output_sample_rate=SAMPLE_RATE, input_sample_rate=SAMPLE_RATE)
+        self.service = service
+        self.session: TranscriptionSession | None = None
+        self._outbox: asyncio.Queue[Event] = asyncio.Queue()
+        self._convert = FrameConverter()
+
+    def copy(self) -> TranscriptionHandler:
+        return TranscriptionHandler(self.service)
+
+    def _session(self) -> TranscriptionSession:
+        if self.session is None:
+            webrtc_id = get_current_context().webrtc_id
+            self.session = self.service.open_session(webrtc_id, self._on_event)
+        return self.session
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, PAGE_EVENTS):
+            self._outbox.put_nowait(event)
+
+    async def start_up(self) -> None:
+        self._session()
+
+    async def receive(self, frame: tuple[int, np.ndarray]) -> None:
+        sample_rate, samples = frame
+        self._session().feed(self._convert(sample_rate, samples))
+
+    async def emit(self) -> AdditionalOutputs | None:
+        session = self._session()
+        try:
+            event = await asyncio.wait_for(self._outbox.get(), EMIT_WAIT)
+        except TimeoutError:
+            return None
+        return AdditionalOutputs(event.as_dict(), session.id)
+
+    async def shutdown(self) -> None:
+        if self.session is not None:
+            self.service.close_session(self.session.id)
+            self.session = None

@@ -1,0 +1,248 @@
+"""The web app: the Gradio page, fastrtc's WebRTC signalling, transcript routes and health.
+
+Routes besides the page:
+- `POST /webrtc/offer`: SDP offer for non-browser WebRTC clients (same connection table as the page); bad,
+  oversized or too frequent offers are refused (realtime/web/signalling.py).
+- `GET /webrtc/rtc-configuration`: the ICE servers (fresh TURN credentials) a client should use, as the page gets them.
+- `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
+- `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far (`?max_line_chars=N`: srt/vtt cues cut
+  at word times). With `--api-key`, both transcript routes need the key or the session's token (realtime/web/access.py).
+- `GET /health`: engine, model, readiness and queue figures.
+- `GET /metrics`: Prometheus metrics (realtime/web/metrics.py).
+- `GET /health/live` (200 while the process serves) and `GET /health/ready` (503 while the engine loads or its
+  endpoints are down).
+- `GET /v1/realtime` (WebSocket) and `POST /v1/realtime/client_secrets`: OpenAI's Realtime API for transcription
+  sessions (realtime/web/realtime_api/).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.routing import Route
+
+from ..config import Settings, parse_settings
+from ..live import transcript as fmt
+from ..live.service import TranscriptionService
+from ..live.transcript import TranscriptSnapshot
+from .access import allowed, session_token
+from .api import APIError, create_router, line_chars
+from .ice import use_loopback_only
+from .limits import SessionLimits
+from .metrics import Metrics
+from .realtime_api import create_realtime_router
+from .shutdown import GRACEFUL_HTTP_S, Drain, GracefulServer
+from .signalling import ClientLimiter, OfferError, check_sdp, read_offer
+from .turn import Turn, TurnError
+from .ui import PageTranscripts, build_page, connection_outputs
+
+log = logging.getLogger("realtime")
+
+_FORMATS: dict[str, tuple[str, Callable[[TranscriptSnapshot, int | None], str]]] = {
+    "txt": ("text/plain; charset=utf-8", lambda s, _: fmt.to_text(s.entries) + "\n"),
+    "srt": ("application/x-subrip; charset=utf-8", lambda s, n: fmt.to_srt(s.entries, n)),
+    "vtt": ("text/vtt; charset=utf-8", lambda s, n: fmt.to_vtt(s.entries, n)),
+    "json": ("application/json", lambda s, _: fmt.to_json(s.entries)),
+}
+
+
+# Gradio's page template loads iframe-resizer from a CDN and preconnects to web-font hosts; the page must
+# work offline and talk only to its own server, so those tags are removed from every HTML response.
+_EXTERNAL_TAGS = re.compile(rb'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script>|<link[^>]*rel="preconnect"[^>]*>',
+                            re.S)
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error",
+                                                               "code": code, "param": None}})
+
+
+def _unauthorized() -> JSONResponse:
+    response = _error(401, "this transcript needs the API key (Authorization: Bearer) or its session's token "
+                           "(?token=)", "invalid_api_key")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+class _WrongMethod:
+    """An ASGI app for every method a path does not take: 405 in OpenAI's shape, with the methods it allows."""
+
+    def __init__(self, allow: str) -> None:
+        self.allow = allow
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = _error(405, f"{scope['method']} is not allowed on {scope['path']}; use {self.allow}",
+                          "method_not_allowed")
+        response.headers["Allow"] = self.allow
+        await response(scope, receive, send)
+
+
+def _refuse_other_methods(app: FastAPI, routes: list[Any]) -> None:
+    """A method that a route does not take (any: TRACE, QUERY, ...) would fall through to the page's catch-all mount,
+    a 404 in FastAPI's shape: a route after the real ones answers it with 405 instead. (The API's own `refuse`
+    routes answer the common wrong methods of its paths: they are not what a path allows.)"""
+    allowed: dict[str, set[str]] = {}
+    for route in routes:  # the app's own and its routers' (included routers are not in app.routes one by one)
+        if isinstance(route, APIRoute):
+            methods = allowed.setdefault(route.path, set())
+            if getattr(route.endpoint, "__name__", "") != "refuse":
+                methods.update(route.methods)
+    for path, methods in allowed.items():
+        app.router.routes.append(Route(path, _WrongMethod(", ".join(sorted(methods))), include_in_schema=False))
+
+
+def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
+    if settings.ice_loopback:
+        use_loopback_only()
+    service = service or TranscriptionService(settings)
+    turn = Turn(settings)
+    transcripts = PageTranscripts(service)
+    page, webrtc = build_page(service, turn, transcripts)
+    limits = SessionLimits(settings, service, webrtc)
+    metrics = Metrics(service)
+    metrics.attach()
+    drain = Drain(service, settings.shutdown_timeout)
+    clients = ClientLimiter(settings.max_connections_per_client, settings.max_new_connections_per_minute,
+                            settings.client_ip_header)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        log.info("engine ready: %s", json.dumps(service.engine.describe()))
+        log.info("limits: %s", json.dumps(limits.describe()))
+        await turn.start()
+        limits.start()
+        yield
+        await limits.stop()
+        await service.stop()
+
+    app = FastAPI(title="realtime transcription", lifespan=lifespan)
+
+    @app.post("/webrtc/offer")
+    async def offer(request: Request) -> Any:
+        if drain.draining:
+            return _error(503, "the server is shutting down", "shutting_down")
+        try:
+            body = await read_offer(request, settings.max_offer_kb * 1024)
+            if not isinstance(body.get("webrtc_id"), str):
+                return _error(422, "webrtc_id (string) is required", "missing_field")
+            if body.get("type") != "ice-candidate":
+                if not isinstance(body.get("sdp"), str):
+                    return _error(422, "sdp and type are required", "missing_field")
+                check_sdp(body["sdp"])
+                if body["webrtc_id"] not in webrtc.connections and body["webrtc_id"] not in webrtc.pcs:
+                    clients.admit(clients.client(request), body["webrtc_id"], webrtc.pcs)
+        except OfferError as exc:
+            return exc.response()
+        # a token only for an id never seen: reusing a live or closed session's id must not open its transcript
+        new = (body.get("type") != "ice-candidate" and body["webrtc_id"] not in webrtc.pcs
+               and service.snapshot(body["webrtc_id"]) is None)
+        answer = await webrtc.handle_offer(body, webrtc.set_additional_outputs(body["webrtc_id"]))
+        if settings.api_key and new and isinstance(answer, dict) and "sdp" in answer:
+            answer["transcript_token"] = session_token(body["webrtc_id"])  # only the offer's poster gets it
+        return answer
+
+    @app.get("/webrtc/rtc-configuration")
+    async def rtc_configuration() -> Any:
+        try:
+            return await turn.browser_configuration()
+        except TurnError as exc:
+            return _error(503, str(exc), "turn_unavailable")
+
+    @app.get("/transcript/{webrtc_id}/events")
+    async def events(webrtc_id: str, request: Request) -> Any:
+        if not allowed(request, webrtc_id, settings.api_key):
+            return _unauthorized()
+        if webrtc_id not in webrtc.pcs and webrtc_id not in webrtc.additional_outputs:
+            return _error(404, f"no live session {webrtc_id}", "unknown_session")
+        _ = webrtc.additional_outputs[webrtc_id]  # a live connection's queue (a defaultdict), before its first output
+
+        async def stream() -> AsyncIterator[str]:
+            yield ": connected\n\n"
+            async for args in connection_outputs(webrtc, webrtc_id):
+                yield f"data: {json.dumps(args[0])}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/transcript/{webrtc_id}.{ext}")
+    async def download(webrtc_id: str, ext: str, request: Request) -> Any:
+        if not allowed(request, webrtc_id, settings.api_key):
+            return _unauthorized()
+        if ext not in _FORMATS:
+            return _error(404, f"unknown format .{ext}; use txt, srt, vtt or json", "unknown_format")
+        snapshot = transcripts.snapshot(webrtc_id)  # after the page's earlier sessions that it carries on from
+        if snapshot is None:
+            return _error(404, f"no transcript for session {webrtc_id}", "unknown_session")
+        try:
+            max_line = line_chars(request.query_params.get("max_line_chars"), ext, ".srt and .vtt")
+        except APIError as exc:
+            return exc.response()
+        media, render = _FORMATS[ext]
+        return PlainTextResponse(render(snapshot, max_line), media_type=media)
+
+    @app.get("/health")
+    async def health() -> Any:
+        body = {**service.health(), "space": settings.space_id or None, "limits": limits.describe(),
+                "signalling": clients.describe(), "turn": turn.describe()}
+        return JSONResponse(body, status_code=200 if service.ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Any:
+        return metrics.render()
+
+    @app.get("/health/live")
+    async def health_live() -> Any:
+        return {"status": "live"}
+
+    @app.get("/health/ready")
+    async def health_ready() -> Any:
+        ready = service.ready and service.engine.ready
+        reason = None if ready else (service.error or ("the engine is loading" if not service.ready
+                                                       else "the engine's endpoints are down"))
+        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+
+    @app.middleware("http")
+    async def no_external_assets(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        if not response.headers.get("content-type", "").startswith("text/html"):
+            return response
+        body = _EXTERNAL_TAGS.sub(b"", b"".join([chunk async for chunk in response.body_iterator]))
+        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+        return Response(body, status_code=response.status_code, headers=headers)
+
+    app.middleware("http")(metrics.middleware)
+    routers = [create_router(service, lane_hints=bool(settings.api_key)), create_realtime_router(service)]
+    for router in routers:
+        app.include_router(router)
+    _refuse_other_methods(app, [*app.routes, *(r for router in routers for r in router.routes)])
+    app.state.drain = drain
+    # the page's file tab uploads through Gradio: the same size cap as the HTTP API
+    app = gr.mount_gradio_app(app, page, path="", show_api=False,
+                              max_file_size=int(settings.max_upload_mb * 1024 * 1024))
+    return app, service
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    import uvicorn
+
+    app, _ = build_app(settings)
+    print(f"* Real-time transcription on http://{settings.host}:{settings.port}", flush=True)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=GRACEFUL_HTTP_S)
+    GracefulServer(config, app.state.drain).run()
