@@ -41,7 +41,8 @@ FIRST = ("real-speech-live", "vllm-engine", "test_pool", "bench-soak", "real-spe
 """Groups that start first, longest first: the run ends when its longest group does."""
 
 
-BATCH_GROUPS = frozenset({"vllm-engine", "vllm-crash", "test_vllm", "real-speech-files", "bench-file", "test_convert"})
+BATCH_GROUPS = frozenset({"vllm-engine", "vllm-crash", "test_vllm", "real-speech-files", "bench-file", "test_convert",
+                          "test_speakers"})
 """Groups that only compute (vLLM on CPU, files against faster-whisper): no test among them waits on the clock or
 measures a latency. With 4 workers on 2 cores they run at a lower priority (nice 10, and the processes they start
 with them), so that the tests that play audio in real time get the CPU when they need it; the total work is the

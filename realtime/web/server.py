@@ -38,7 +38,8 @@ from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..live.transcript import TranscriptSnapshot
 from .access import allowed, session_token
-from .api import APIError, create_router, line_chars
+from .api import create_router
+from .api_fields import APIError, line_chars
 from .ice import use_loopback_only
 from .limits import SessionLimits
 from .metrics import Metrics

@@ -1,0 +1,179 @@
+"""`bench speakers`: diarization error rate on recordings with RTTM references, offline (the whole file clustered)
+and live (each window labelled as it is heard), beside a floor (everything one speaker), with the cost per second.
+
+The scorer follows the standard definition (NIST md-eval, pyannote.metrics): a 10 ms grid; no scoring within
+`COLLAR_S` of a reference boundary; per frame, missed speech max(0, reference - hypothesis speakers), false alarm
+max(0, hypothesis - reference), confusion min(reference, hypothesis) - correct under the best one-to-one mapping
+of speakers; the error divided by the reference speaker time. `skip_overlap` leaves out frames where the reference
+has two or more speakers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE, decode_file, iter_file
+from ..live.vad import SegmentEnd, Segmenter, VADConfig
+from ..speakers import Diarizer, LiveSpeakers, Turn
+
+COLLAR_S = 0.25
+FRAME_S = 0.01
+Labelled = tuple[float, float, str]
+
+
+def read_rttm(path: str | Path) -> list[Labelled]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        f = line.split()
+        if f and f[0] == "SPEAKER":
+            out.append((float(f[3]), float(f[3]) + float(f[4]), f[7]))
+    return out
+
+
+def _grid(turns: Sequence[Labelled], speakers: list[str], frames: int) -> np.ndarray:
+    grid = np.zeros((len(speakers), frames), dtype=bool)
+    for start, end, who in turns:
+        grid[speakers.index(who), round(start / FRAME_S):round(end / FRAME_S)] = True
+    return grid
+
+
+@dataclass
+class Score:
+    der: float
+    missed: float
+    false_alarm: float
+    confusion: float
+    scored_s: float
+
+
+def der(reference: Sequence[Labelled], hypothesis: Sequence[Labelled], collar: float = COLLAR_S,
+        skip_overlap: bool = False) -> Score:
+    from scipy.optimize import linear_sum_assignment
+
+    end = max([e for _, e, _ in [*reference, *hypothesis]] + [0.0])
+    frames = int(np.ceil(end / FRAME_S)) + 1
+    ref_names = sorted({w for *_, w in reference})
+    hyp_names = sorted({w for *_, w in hypothesis})
+    ref = _grid(reference, ref_names, frames)
+    hyp = _grid(hypothesis, hyp_names, frames)
+    scored = np.ones(frames, dtype=bool)
+    c = round(collar / FRAME_S)
+    for start, stop, _ in reference:
+        for t in (start, stop):
+            i = round(t / FRAME_S)
+            scored[max(0, i - c):i + c] = False
+    n_ref = ref.sum(0)
+    if skip_overlap:
+        scored &= n_ref <= 1
+    ref, hyp, n_ref = ref[:, scored], hyp[:, scored], n_ref[scored]
+    n_hyp = hyp.sum(0)
+    overlap = ref.astype(np.int64) @ hyp.T.astype(np.int64)
+    rows, cols = linear_sum_assignment(-overlap) if overlap.size else ([], [])
+    correct = np.zeros(ref.shape[1], dtype=np.int64)
+    for r, h in zip(rows, cols, strict=True):
+        correct += ref[r] & hyp[h]
+    missed = np.maximum(0, n_ref - n_hyp).sum()
+    false_alarm = np.maximum(0, n_hyp - n_ref).sum()
+    confusion = (np.minimum(n_ref, n_hyp) - correct).sum()
+    total = max(int(n_ref.sum()), 1)
+    return Score((missed + false_alarm + confusion) / total, missed / total, false_alarm / total,
+                 confusion / total, total * FRAME_S)
+
+
+def vad_segments(path: str | Path) -> list[SegmentEnd]:
+    """The VAD's speech segments of a file, as the app cuts them."""
+    segmenter = Segmenter(VADConfig())
+    out = [e for chunk in iter_file(path) for e in segmenter.feed(chunk) if isinstance(e, SegmentEnd)]
+    return out + [e for e in segmenter.flush() if isinstance(e, SegmentEnd)]
+
+
+def padded(segment: SegmentEnd) -> tuple[float, float]:
+    """A segment's span with the VAD's padding: the audio the engine hears, and what the speaker model windows."""
+    return segment.audio_start, segment.audio_start + segment.audio.size / SAMPLE_RATE
+
+
+def _labelled(turns: Sequence[Turn]) -> list[Labelled]:
+    return [(t.start, t.end, str(t.speaker)) for t in turns]
+
+
+def diarize_file(diarizer: Diarizer, path: str | Path) -> dict[str, object]:
+    """One recording, offline and live, with the floor and the speaker counts."""
+    segments = vad_segments(path)
+    speech = [padded(s) for s in segments]
+    audio = decode_file(path)
+    t0 = time.perf_counter()
+    offline = diarizer.file(audio, speech)
+    offline_s = time.perf_counter() - t0
+    live = LiveSpeakers(diarizer.embedder)
+    t0 = time.perf_counter()
+    for seg in segments:
+        live.add(seg.audio, seg.audio_start)
+    live_s = time.perf_counter() - t0
+    online = live.online(speech)
+    reference = read_rttm(Path(path).with_suffix(".rttm"))
+    floor = [(a, b, "0") for a, b in speech]
+    row: dict[str, object] = {"file": Path(path).stem, "seconds": round(audio.size / SAMPLE_RATE, 1),
+                              "speakers": len({w for *_, w in reference}),
+                              "found_offline": len(offline.centroids), "found_live": len(online.centroids)}
+    for name, hyp in (("offline", _labelled(offline.turns)), ("live", _labelled(online.turns)), ("one", floor)):
+        row[name] = asdict(der(reference, hyp))
+        row[f"{name}_no_overlap"] = asdict(der(reference, hyp, skip_overlap=True))
+    row["offline_cost"] = offline_s / (audio.size / SAMPLE_RATE)
+    row["live_cost"] = live_s / (audio.size / SAMPLE_RATE)
+    return row
+
+
+def pooled(rows: Sequence[dict], key: str) -> float:
+    """A set's DER: errors summed over files divided by the reference time summed over files."""
+    total = sum(r[key]["scored_s"] for r in rows)
+    return sum(r[key]["der"] * r[key]["scored_s"] for r in rows) / max(total, 1e-9)
+
+
+def bench_speakers(args: argparse.Namespace) -> dict:
+    files = sorted(Path(args.dir).glob("*.flac"))
+    diarizer = Diarizer()
+    rows = [diarize_file(diarizer, f) for f in files]
+    summary = {k: round(100 * pooled(rows, k), 1) for k in
+               ("offline", "offline_no_overlap", "live", "live_no_overlap", "one", "one_no_overlap")}
+    summary["count_exact_offline"] = sum(r["found_offline"] == r["speakers"] for r in rows)
+    summary["count_exact_live"] = sum(r["found_live"] == r["speakers"] for r in rows)
+    summary["files"] = len(rows)
+    summary["minutes"] = round(sum(r["seconds"] for r in rows) / 60, 1)
+    summary["offline_cost_per_s"] = round(statistics.median(r["offline_cost"] for r in rows), 4)
+    summary["live_cost_per_s"] = round(statistics.median(r["live_cost"] for r in rows), 4)
+    doc = {"summary": summary, "files": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-speakers.json").write_text(json.dumps(doc, indent=1))
+    lines = ["| file | s | speakers | found offline / live | DER offline | no overlap | DER live | no overlap | "
+             "one speaker | no overlap |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['file']} | {r['seconds']} | {r['speakers']} | {r['found_offline']} / {r['found_live']} "
+                     + "".join(f"| {100 * r[k]['der']:.1f} % " for k in
+                               ("offline", "offline_no_overlap", "live", "live_no_overlap", "one",
+                                "one_no_overlap")) + "|")
+    lines.append(f"| **all** | {summary['minutes']} min | | exact {summary['count_exact_offline']} / "
+                 f"{summary['count_exact_live']} of {len(rows)} "
+                 + "".join(f"| **{summary[k]} %** " for k in
+                           ("offline", "offline_no_overlap", "live", "live_no_overlap", "one", "one_no_overlap"))
+                 + "|")
+    table = "\n".join(lines)
+    (out / "bench-speakers.md").write_text(table + "\n")
+    print(table)
+    print(f"cost per second of audio: offline {summary['offline_cost_per_s'] * 1000:.0f} ms, "
+          f"live {summary['live_cost_per_s'] * 1000:.0f} ms")
+    return doc
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("speakers", help="speaker labels: DER offline and live against RTTM references")
+    p.add_argument("--dir", default="tests/data/speakers", help="FLAC files, each with an RTTM of the same name")
+    p.add_argument("--out", default="bench-out")

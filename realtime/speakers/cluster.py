@@ -1,0 +1,92 @@
+"""Grouping speaker embeddings into speakers: a whole recording at once (agglomerative clustering, average linkage
+on cosine distance, stopped at the same similarity that opens a new speaker live), or one window at a time as a
+live session hears it. Clusters of very few windows join the nearest larger one, as 3D-Speaker's clustering
+(`speakerlab/process/cluster.py`, Apache-2.0) folds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ONLINE_COSINE = 0.5
+"""Windows at least this similar are one speaker: a live window joins the nearest such speaker, else it opens a
+new one, and a recording's clusters stop merging below it."""
+ONLINE_MIN_NEW_S = 1.0
+"""A window of less speech than this never opens a speaker: it joins the nearest one."""
+MIN_CLUSTER = 4
+"""A cluster of fewer windows joins the nearest larger one."""
+MAX_CLUSTERED = 3000
+"""Agglomerative clustering's memory grows with the square of the windows: a longer recording clusters an evenly
+spaced sample of this many, and each other window joins the nearest cluster."""
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-9)
+
+
+def _agglomerative(x: np.ndarray) -> np.ndarray:
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    return fcluster(linkage(x, method="average", metric="cosine"), t=1 - ONLINE_COSINE, criterion="distance") - 1
+
+
+def _centres(labels: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return _unit(np.stack([x[labels == i].mean(0) for i in ids]))
+
+
+def _fold_small(labels: np.ndarray, x: np.ndarray) -> np.ndarray:
+    ids, sizes = np.unique(labels, return_counts=True)
+    major = ids[sizes >= MIN_CLUSTER]
+    if len(major) == 0:
+        return np.zeros_like(labels)
+    if len(major) == len(ids):
+        return labels
+    centres = _centres(labels, x, major)
+    labels = labels.copy()
+    for row in np.flatnonzero(~np.isin(labels, major)):
+        labels[row] = major[int(np.argmax(centres @ x[row]))]
+    return labels
+
+
+def first_seen_order(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered 0, 1, ... in the order they first appear."""
+    order: dict[int, int] = {}
+    return np.array([order.setdefault(int(v), len(order)) for v in labels], dtype=int)
+
+
+def cluster(embeddings: np.ndarray) -> np.ndarray:
+    """A speaker number per embedding (rows in time order), numbered in order of appearance."""
+    x = _unit(np.asarray(embeddings, dtype=np.float64))
+    if len(x) < 2:
+        return np.zeros(len(x), dtype=int)
+    if len(x) <= MAX_CLUSTERED:
+        return first_seen_order(_fold_small(_agglomerative(x), x))
+    sample = np.linspace(0, len(x) - 1, MAX_CLUSTERED).round().astype(int)
+    found = _fold_small(_agglomerative(x[sample]), x[sample])
+    ids = np.unique(found)
+    return first_seen_order(ids[np.argmax(x @ _centres(found, x[sample], ids).T, axis=1)])
+
+
+@dataclass
+class OnlineClusters:
+    """Speakers as a live session meets them: each window joins the nearest speaker, or opens a new one."""
+
+    threshold: float = ONLINE_COSINE
+    sums: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, embedding: np.ndarray, seconds: float) -> int:
+        """The speaker of one window (`seconds` of speech), which then refines that speaker's centroid."""
+        x = _unit(np.asarray(embedding, dtype=np.float64))
+        if self.sums:
+            similarity = _unit(np.stack(self.sums)) @ x
+            best = int(np.argmax(similarity))
+            if similarity[best] >= self.threshold or seconds < ONLINE_MIN_NEW_S:
+                self.sums[best] = self.sums[best] + x
+                return best
+        self.sums.append(x)
+        return len(self.sums) - 1
+
+    def centroids(self) -> np.ndarray:
+        return _unit(np.stack(self.sums)) if self.sums else np.zeros((0, 0))
