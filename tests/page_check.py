@@ -10,6 +10,8 @@ One app (`python app.py --ice-loopback`, conftest.launch), one browser whose fak
   polled until done;
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
 - `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps;
+- `speakers` (with `--speakers-mic`): a third app with `--diarize`: the file tab and the live view label who
+  spoke each line, and a speaker renamed on the page is renamed in the download;
 - `language` (with `--language-mic`): a second app on the multilingual base model and a second browser whose
   microphone loops `--language-mic` (German): German picked with the keyboard, the live view transcribing, then
   Translate to English switched on mid-session; before the live session, the file tab is given
@@ -38,6 +40,8 @@ from conftest import App, launch, stop
 LINES = """(sel) => [...document.querySelectorAll(`${sel} .rt-line`)].map((l) => ({
   time: l.querySelector(".rt-time")?.textContent.trim() ?? "",
   lang: l.querySelector(".rt-lang")?.textContent.trim() ?? "",
+  speaker: l.querySelector(".rt-speaker")?.textContent.trim() ?? "",
+  colour: l.querySelector(".rt-speaker") ? getComputedStyle(l.querySelector(".rt-speaker")).backgroundColor : "",
   final: l.querySelector(".rt-final")?.textContent.trim() ?? "",
   partial: !!l.querySelector(".rt-committed, .rt-tentative"),
   visible: l.offsetParent !== null && l.getBoundingClientRect().height > 0,
@@ -327,6 +331,51 @@ def language(p: Playwright, tmp: Path, mic: Path, upload: Path, requests: list[s
         stop(app)
 
 
+def speakers(p: Playwright, tmp: Path, mic: Path, requests: list[str], origins: list[str],
+             shots: Path) -> dict[str, Any]:
+    """A second app with `--diarize` and a browser whose microphone loops a conversation: the file tab labels the
+    conversation's lines; the live view labels its finals, a speaker is renamed, and the download has the name."""
+    app = launch(tmp, "--diarize", timeout=180)
+    origins.append(app.url)
+    try:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                    args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.on("request", lambda q: requests.append(q.url))
+        r: dict[str, Any] = {}
+
+        def upload_first(page: Page) -> None:
+            r["toggle"] = page.evaluate("""() => { const t = document.querySelector("#rt-speakers input");
+                return { visible: !!t && t.offsetParent !== null, checked: !!t?.checked }; }""")
+            page.get_by_role("tab", name="File").click()  # before the live session: the file lane waits behind it
+            page.locator("#rt-file-input input[type=file]").set_input_files(str(mic))
+            r["file"] = poll_file(page, 150)
+            r["file_lines"] = page.evaluate(LINES, "#rt-file-text")
+            page.get_by_role("tab", name="Live").click()
+
+        page = start_live(context, app.url, upload_first)
+        page.on("websocket", lambda ws: requests.append(ws.url))
+        deadline = time.monotonic() + 150  # every line labelled, once four voices have spoken
+        while time.monotonic() < deadline:
+            lines = [x for x in page.evaluate(LINES, "#rt-transcript") if x["final"]]
+            if len(lines) >= 5 and all(x["speaker"] for x in lines):
+                break
+            page.wait_for_timeout(300)
+        r["lines"] = page.evaluate(LINES, "#rt-transcript")
+        page.screenshot(path=str(shots / "page-speakers.png"))
+        page.fill("#rt-rename textarea, #rt-rename input", "Speaker 1 = Alice")
+        page.keyboard.press("Enter")
+        page.wait_for_function("""() => [...document.querySelectorAll("#rt-transcript .rt-speaker")]
+            .some((e) => e.textContent.trim() === "Alice")""", timeout=20_000)
+        r["renamed"] = page.evaluate(LINES, "#rt-transcript")
+        r["downloads"] = page.evaluate(FETCH, page.evaluate(LINKS, "#rt-status"))
+        context.close()
+        browser.close()
+        return r
+    finally:
+        stop(app)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mic", type=Path, required=True, help="the fake microphone (16-bit WAV, looped)")
@@ -336,6 +385,7 @@ def main() -> None:
     ap.add_argument("--artifacts", type=Path, required=True, help="folder for the other screenshots")
     ap.add_argument("--language-mic", type=Path, help="the second browser's microphone (German, looped)")
     ap.add_argument("--language-upload", type=Path, help="the recording its file tab is given (not German)")
+    ap.add_argument("--speakers-mic", type=Path, help="a third browser's microphone: people taking turns (looped)")
     ap.add_argument("--only", nargs="*", help="run only these scenarios")
     a = ap.parse_args()
     results: dict[str, Any] = {"requests": [], "timings": {}}
@@ -358,8 +408,10 @@ def main() -> None:
                 ("drop", lambda: drop(context, app, a.artifacts)),
                 ("language", lambda: language(p, a.out.parent, a.language_mic, a.language_upload,
                                               results["requests"], results["origins"], a.artifacts)),
+                ("speakers", lambda: speakers(p, a.out.parent, a.speakers_mic, results["requests"],
+                                              results["origins"], a.shots)),
             ):
-                if name == "language" and not a.language_mic:
+                if (name == "language" and not a.language_mic) or (name == "speakers" and not a.speakers_mic):
                     continue
                 if a.only and name not in a.only:
                     continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +67,36 @@ def long_recording(path: Path) -> Compilation:
 
 __all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "faster_whisper_texts",
            "long_recording", "loops", "lost_runs", "matched_starts", "norm_word", "quiet_copy", "wer"]
+
+
+VOICES = {
+    "lj": ["ljspeech-LJ001-0001", "ljspeech-LJ001-0002", "ljspeech-LJ001-0003", "ljspeech-LJ001-0004"],
+    "s1089": ["librispeech-1089-134686-0000", "librispeech-1089-134686-0001", "librispeech-1089-134691-0000",
+              "librispeech-1089-134691-0001"],
+    "s1272": ["librispeech-1272-128104-0000", "librispeech-1272-141231-0002", "librispeech-1272-128104-0004-8k"],
+    "austen": ["librivox-sense-and-sensibility-01-0870", "librivox-sense-and-sensibility-01-0880",
+               "librivox-sense-and-sensibility-01-0890", "librivox-sense-and-sensibility-01-0920"],
+}
+"""Four people's real recordings (LJSpeech, LibriSpeech 1089 and 1272, LibriVox's Sense and Sensibility reader)."""
+TURNS = [("lj", 0), ("s1089", 0), ("s1272", 0), ("lj", 1), ("austen", 0), ("s1089", 1), ("s1272", 1),
+         ("austen", 1), ("lj", 2), ("s1089", 2)]
+PAUSE_S = 0.8
+
+
+@dataclass(frozen=True)
+class Conversation:
+    path: Path
+    turns: list[tuple[float, float, str]]
+    """(start, end, voice) of each turn: the reference, known by construction."""
+
+
+def build_conversation(path: Path) -> Conversation:
+    """The four voices taking turns (`TURNS`) with pauses, written to `path` (16-bit)."""
+    pieces, turns, t = [], [], 0.0
+    for who, i in TURNS:
+        audio = decode_file(DATA / f"{VOICES[who][i]}.flac")
+        pieces += [audio, np.zeros(round(PAUSE_S * SAMPLE_RATE), np.float32)]
+        turns.append((t, t + audio.size / SAMPLE_RATE, who))
+        t += audio.size / SAMPLE_RATE + PAUSE_S
+    sf.write(str(path), np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16")
+    return Conversation(path, turns)

@@ -25,7 +25,7 @@ import soundfile as sf
 from realtime.audio import SAMPLE_RATE, decode_file
 
 from conftest import ARTIFACTS, ROOT
-from real_speech import DATA, Clip, Compilation, clips, compilation, corpus_wer
+from real_speech import DATA, Clip, Compilation, build_conversation, clips, compilation, corpus_wer
 
 pytestmark = pytest.mark.timeout(420)
 MIC = ["jfk.flac", "librispeech-1272-141231-0002.flac", "speechbrain-spk1_snt1.flac", "ljspeech-LJ050-0131.flac"]
@@ -66,11 +66,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
     for old in shots.glob("*.png"):
         old.unlink()
     out = tmp / "result.json"
+    talk = build_conversation(tmp / "conversation.wav")
     check = [sys.executable, str(ROOT / "tests" / "page_check.py"), "--mic", str(mic.path), "--upload", str(upload),
              "--out", str(out), "--shots", str(shots), "--artifacts", str(shots),
-             "--language-mic", str(german.path), "--language-upload", str(french)]
+             "--language-mic", str(german.path), "--language-upload", str(french), "--speakers-mic", str(talk.path)]
     proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
     assert proc.returncode == 0 and out.exists(), f"page check failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())
@@ -106,6 +107,26 @@ def test_live_view_lines_downloads_and_copy(run: tuple[Compilation, str, dict[st
     assert [s["text"] for s in json.loads(d["json"]["text"])["segments"]][:len(finals)] == finals
     shown = live["shown_at_copy"]
     assert live["copied"].split("\n")[:len(shown)] == shown and live["said"] == "Transcript copied", live
+
+
+def test_speakers_labelled_in_the_file_tab_and_live_and_renamed(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    """An app with --diarize, the microphone and the upload a conversation of four real voices taking turns: the
+    toggle shows, every line of both tabs carries a speaker with its own colour, and a rename on the page reaches
+    the transcript and its downloads."""
+    s = _scenario(run[2], "speakers")
+    assert s["toggle"] == {"visible": True, "checked": True}, s["toggle"]
+    assert s["file"]["state"] == "done", s["file"]
+    for lines in (s["file_lines"], s["lines"]):
+        said = [x for x in lines if x["final"]]
+        assert len(said) >= 5 and all(x["speaker"] for x in said), lines
+        labels = {x["speaker"] for x in said}
+        assert len(labels) >= 3, labels
+        assert len({x["colour"] for x in said}) == len(labels), said
+    assert any(x["speaker"] == "Alice" for x in s["renamed"]), s["renamed"]
+    assert not any(x["speaker"] == "Speaker 1" for x in s["renamed"]), s["renamed"]
+    d = s["downloads"]
+    assert "Alice: " in d["txt"]["text"] and "\nAlice: " in d["srt"]["text"] and "<v Alice>" in d["vtt"]["text"], d
+    assert '"speaker": "Alice"' in d["json"]["text"]
 
 
 def test_live_view_carries_on_after_starting_again(run: tuple[Compilation, str, dict[str, Any]]) -> None:
@@ -209,8 +230,8 @@ def test_dropped_connection_is_reported_and_transcript_kept(run: tuple[Compilati
 
 def test_page_requests_stay_on_its_own_server(run: tuple[Compilation, str, dict[str, Any]]) -> None:
     r = run[2]
-    own = {(urlsplit(o).hostname, urlsplit(o).port) for o in r["origins"]}  # the app, and the base model's app
-    assert r["requests"] and len(own) == 2, r["origins"]
+    own = {(urlsplit(o).hostname, urlsplit(o).port) for o in r["origins"]}  # the app, the base model's, --diarize's
+    assert r["requests"] and len(own) == 3, r["origins"]
     outside = [u for u in r["requests"] if urlsplit(u).scheme not in ("data", "blob")
                and (urlsplit(u).hostname, urlsplit(u).port) not in own]
     assert not outside, f"the page asked for other origins: {outside}"

@@ -10,12 +10,11 @@ speakers` scores them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import io
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -25,34 +24,19 @@ from openai import OpenAI
 
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.bench.speakers import bench_speakers, der, read_rttm
+from realtime.config import Settings
 from realtime.engines.types import Word
 from realtime.live import labels
 from realtime.live import transcript as fmt
+from realtime.live.service import TranscriptionService
 from realtime.live.transcript import Entry
 from realtime.speakers import Diarization, LiveSpeakers, Turn, speaker_windows
 
 from conftest import App, launch, stop
+from real_speech import DATA, PAUSE_S, TURNS, VOICES, Conversation, build_conversation
 
-DATA = Path(__file__).resolve().parent / "data"
-VOICES = {
-    "lj": ["ljspeech-LJ001-0001", "ljspeech-LJ001-0002", "ljspeech-LJ001-0003", "ljspeech-LJ001-0004"],
-    "s1089": ["librispeech-1089-134686-0000", "librispeech-1089-134686-0001", "librispeech-1089-134691-0000",
-              "librispeech-1089-134691-0001"],
-    "s1272": ["librispeech-1272-128104-0000", "librispeech-1272-141231-0002", "librispeech-1272-128104-0004-8k"],
-    "austen": ["librivox-sense-and-sensibility-01-0870", "librivox-sense-and-sensibility-01-0880",
-               "librivox-sense-and-sensibility-01-0890", "librivox-sense-and-sensibility-01-0920"],
-}
-TURNS = [("lj", 0), ("s1089", 0), ("s1272", 0), ("lj", 1), ("austen", 0), ("s1089", 1), ("s1272", 1),
-         ("austen", 1), ("lj", 2), ("s1089", 2)]
-PAUSE_S = 0.8
 REFERENCE_CLIP = {"lj": 3, "s1089": 3, "austen": 3}
 """Clips the conversation does not use: each speaker's reference for `known_speaker_references[]`."""
-
-
-@dataclass(frozen=True)
-class Conversation:
-    path: Path
-    turns: list[tuple[float, float, str]]
 
 
 def voice(name: str, i: int) -> np.ndarray:
@@ -61,15 +45,7 @@ def voice(name: str, i: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def conversation(tmp_path_factory: pytest.TempPathFactory) -> Conversation:
-    pieces, turns, t = [], [], 0.0
-    for who, i in TURNS:
-        audio = voice(who, i)
-        pieces += [audio, np.zeros(round(PAUSE_S * SAMPLE_RATE), np.float32)]
-        turns.append((t, t + audio.size / SAMPLE_RATE, who))
-        t += audio.size / SAMPLE_RATE + PAUSE_S
-    path = tmp_path_factory.mktemp("speakers") / "conversation.flac"
-    sf.write(str(path), np.concatenate(pieces), SAMPLE_RATE)
-    return Conversation(path, turns)
+    return build_conversation(tmp_path_factory.mktemp("speakers") / "conversation.flac")
 
 
 def data_url(audio: np.ndarray) -> str:
@@ -166,6 +142,50 @@ def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp
     assert summary["live_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["offline"] < summary["one"] and summary["live"] < summary["one"], summary
     assert (tmp_path / "bench-speakers.md").read_text().count("\n") == 16
+
+
+def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conversation):
+    """In process, the conversation played at 4x real time through a session with speaker labels: every final is
+    labelled (in its final event, or by a `speaker` event after it), one label per voice, and a rename reaches
+    the transcript and its downloads."""
+    service = TranscriptionService(Settings(diarize=True), engine=engine)
+    events: list[dict] = []
+
+    async def scenario():
+        await service.start()
+        session = service.open_session("s", lambda e: events.append(e.as_dict()))
+        audio = decode_file(conversation.path)
+        for i in range(0, audio.size, 320):
+            session.feed(audio[i:i + 320])
+            await asyncio.sleep(0.005)
+        session.flush()
+        for _ in range(400):
+            await asyncio.sleep(0.05)
+            if not session._finals_pending and len({e["segment"] for e in events if e["type"] == "speaker"}) >= \
+                    len([e for e in events if e["type"] == "final"]):
+                break
+        renamed = service.rename_speaker("s", "Speaker 1", "Linda")
+        snapshot = service.snapshot("s")
+        service.close_session("s")
+        await service.worker.stop()  # not service.stop(): the engine is the test session's
+        return renamed, snapshot
+
+    renamed, snapshot = asyncio.run(scenario())
+    finals = [e for e in events if e["type"] == "final"]
+    label = {e["segment"]: e["speaker"] for e in finals if "speaker" in e}
+    for e in events:
+        if e["type"] == "speaker":
+            label[e["segment"]] = e["speaker"]
+    assert len(finals) >= len(TURNS) and set(label) >= {f["segment"] for f in finals}
+    voice_of = {f["segment"]: max(conversation.turns, key=lambda t: min(t[1], f["audio_end"]) - max(t[0], f["start"]))
+                [2] for f in finals}
+    by_voice: dict[str, set[str]] = {}
+    for seg, who in voice_of.items():
+        by_voice.setdefault(who, set()).add(label[seg])
+    assert all(len(v) == 1 for v in by_voice.values()), by_voice
+    assert len({next(iter(v)) for v in by_voice.values()}) == 4, by_voice
+    assert renamed and label[finals[0]["segment"]] == "Linda"  # the rename reached the events too
+    assert snapshot.entries[0].speaker == "Linda" and "Linda: " in fmt.to_text(snapshot.entries)
 
 
 # -- the HTTP API ------------------------------------------------------------------------------------------------

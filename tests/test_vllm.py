@@ -413,15 +413,23 @@ def test_engine_killed_mid_stream_is_restarted_and_loses_no_segment(cache_dir, s
         await service.start()
         session = service.open_session("crash", lambda e: events.append(e.as_dict()))
         chunk, first_end = 320, int((speech.spans[0][1] + 1.0) * 16000)
-        for i in range(0, first_end, chunk):  # the first sentence and its pause, at 4x real time
-            session.feed(audio[i : i + chunk])
+        decoding = False  # watched every frame: a quiet machine may decode the final within the pause
+        fed = 0
+        while fed < first_end and not decoding:  # the first sentence and its pause, at 4x real time
+            session.feed(audio[fed : fed + chunk])
+            fed += chunk
             await asyncio.sleep(0.005)
-        while engine.in_flight["final"] == 0:  # its final is being decoded...
-            await asyncio.sleep(0.01)
+            decoding = engine.in_flight["final"] > 0
+        deadline = time.monotonic() + 120
+        while not decoding and time.monotonic() < deadline:
+            assert not [e for e in events if e["type"] == "final"], "the final was decoded between two looks"
+            await asyncio.sleep(0.002)
+            decoding = engine.in_flight["final"] > 0
+        assert decoding, "no final was sent to the engine"  # its final is being decoded...
         victim = engine.pid
         assert victim is not None
         os.kill(victim, signal.SIGKILL)  # ...when the engine process dies
-        for i in range(first_end, audio.size, chunk):
+        for i in range(fed, audio.size, chunk):
             session.feed(audio[i : i + chunk])
             await asyncio.sleep(0.005)
         session.flush()

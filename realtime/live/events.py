@@ -79,13 +79,36 @@ class FinalEvent:
     """The language the engine heard (detected, or the one the session asked for), when it says."""
     words: tuple[Word, ...] = ()
     """The text's words with their times in stream seconds, when the session asked for word timestamps."""
+    speaker: str | None = None
+    """Who spoke it, when speaker labels are on and the speaker model was done first (else a `speaker` event
+    follows)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"type": self.type, "text": self.text, "latency": round(self.latency, 3),
                 **_span(self.segment, self.start, self.audio_end),
                 **({"language": self.language} if self.language else {}),
+                **({"speaker": self.speaker} if self.speaker else {}),
                 **({"words": [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
                               for w in self.words]} if self.words else {})}
+
+
+@dataclass(frozen=True)
+class SpeakerEvent:
+    """Who spoke a closed segment, once the speaker model has heard it (it may follow the segment's final by a
+    moment); `turns` (start, end, speaker) where the speaker changes inside the segment. `revised`: a later label
+    for a segment already labelled, as when two voices first taken for two speakers turn out to be one."""
+
+    type: ClassVar[str] = "speaker"
+    segment: int
+    speaker: str
+    turns: tuple[tuple[float, float, str], ...] = ()
+    revised: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "segment": self.segment, "speaker": self.speaker,
+                **({"turns": [{"start": round(a, 3), "end": round(b, 3), "speaker": w} for a, b, w in self.turns]}
+                   if len(self.turns) > 1 else {}),
+                **({"revised": True} if self.revised else {})}
 
 
 @dataclass(frozen=True)
@@ -114,7 +137,7 @@ class ClosedEvent:
         return {"type": self.type, "reason": self.reason, "message": self.message}
 
 
-Event = SpeechStarted | SpeechStopped | PartialEvent | FinalEvent | ErrorEvent | ClosedEvent
-PAGE_EVENTS = (SpeechStarted, SpeechStopped, PartialEvent, FinalEvent, ErrorEvent, ClosedEvent)
+Event = SpeechStarted | SpeechStopped | PartialEvent | FinalEvent | SpeakerEvent | ErrorEvent | ClosedEvent
+PAGE_EVENTS = (SpeechStarted, SpeechStopped, PartialEvent, FinalEvent, SpeakerEvent, ErrorEvent, ClosedEvent)
 """The events the page and the `/events` stream carry: all of them, so that a client learns of a segment when it
 opens, before any partial (under load a segment may get none) and not only when its final arrives."""

@@ -9,9 +9,13 @@ which are what the speaker model windows.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
-from ..speakers import Diarization
+import numpy as np
+
+from ..audio import SAMPLE_RATE, decode_file
+from ..speakers import Diarization, Diarizer
 from .transcribe import Window
 from .transcript import Entry
 from .vad import SegmentEnd
@@ -20,19 +24,33 @@ Span = tuple[float, float]
 
 
 def speech_spans(end: SegmentEnd) -> list[Span]:
-    """Stream times of the speech in a segment, or in each segment packed into a window."""
-    if isinstance(end, Window) and end.context is None and end.speech and end.parts:
-        return [(end.stream_time(a), end.stream_time(b, end=True)) for a, b in end.speech]
-    return [(end.start, end.end)]
+    """Stream times of a segment's audio (its speech with the VAD's padding), or of each segment packed into a
+    window: what the speaker model windows."""
+    if isinstance(end, Window):
+        if end.context is not None or not end.parts:
+            return [(end.start, end.end)]
+        return [(end.stream_time(a), end.stream_time(b, end=True)) for a, b in end.bounds()]
+    return [(end.audio_start, end.audio_start + end.audio.size / SAMPLE_RATE)]
 
 
-def label(entries: Iterable[Entry], diarization: Diarization) -> list[Entry]:
-    """The entries with their speakers' labels, cut at each change of speaker inside one."""
+def diarize_file(diarizer: Diarizer, path: str | Path, speech: Sequence[Span],
+                 references: Mapping[str, np.ndarray] | None = None) -> Diarization:
+    """A file's speaker turns over the speech its segments hold, named after the reference clips (in a thread)."""
+    diarization = diarizer.file(decode_file(path), speech)
+    return diarizer.name(diarization, references or {})
+
+
+def label(entries: Iterable[Entry], diarization: Diarization, numbered: bool = False) -> list[Entry]:
+    """The entries with their speakers' labels (letters, or with `numbered` "Speaker 1", ...), cut at each change
+    of speaker inside one."""
+    def named(who: int | None) -> str | None:
+        return None if who is None else diarization.label(who, numbered)
+
     out: list[Entry] = []
     for e in entries:
         if not e.words:
             who = diarization.speaker_at(e.start, e.end)
-            out.append(dataclasses.replace(e, speaker=None if who is None else diarization.label(who)))
+            out.append(dataclasses.replace(e, speaker=named(who)))
             continue
         runs: list[tuple[int | None, list]] = []
         for w in e.words:
@@ -43,14 +61,14 @@ def label(entries: Iterable[Entry], diarization: Diarization) -> list[Entry]:
                 runs.append((who, [w]))
         if len(runs) == 1:
             who = runs[0][0]
-            out.append(dataclasses.replace(e, speaker=None if who is None else diarization.label(who)))
+            out.append(dataclasses.replace(e, speaker=named(who)))
             continue
         for who, words in runs:
             text = "".join(w.word for w in words).strip()
             if text:
                 out.append(dataclasses.replace(e, start=words[0].start, end=words[-1].end, text=text,
                                                words=tuple(words),
-                                               speaker=None if who is None else diarization.label(who)))
+                                               speaker=named(who)))
     return out
 
 

@@ -6,16 +6,19 @@ audio) for a while so that a page can still download it.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import Settings
 from ..engines import Engine, create_engine
-from ..speakers import Diarizer
+from ..speakers import Diarizer, LiveSpeakers
 from .events import Event
 from .memory import IdleTrim
 from .session import TranscriptionSession
@@ -42,6 +45,7 @@ class TranscriptionService:
         self.idle_trim = IdleTrim()
         self._diarizer: Diarizer | None = None
         self._diarizer_lock = threading.Lock()
+        self._speaker_pool: ThreadPoolExecutor | None = None
 
     def diarizer(self) -> Diarizer:
         """The speaker model, loaded on first use (from any thread); raises SpeakersUnavailable when its
@@ -51,9 +55,17 @@ class TranscriptionService:
                 self._diarizer = Diarizer()
             return self._diarizer
 
+    @property
+    def speakers_ready(self) -> bool:
+        """Live sessions can have speaker labels: the model was loaded at start (`--diarize`)."""
+        return self._speaker_pool is not None
+
     async def start(self) -> None:
         try:
             await self.engine.start()
+            if self.settings.diarize:
+                await asyncio.to_thread(self.diarizer)
+                self._speaker_pool = ThreadPoolExecutor(1, thread_name_prefix="speakers")
         except Exception as exc:
             self.error = str(exc)
             raise
@@ -67,6 +79,8 @@ class TranscriptionService:
             await self.worker.stop()
         self.idle_trim.cancel()
         await self.engine.close()
+        if self._speaker_pool is not None:
+            self._speaker_pool.shutdown(wait=False, cancel_futures=True)
 
     def _ensure_worker(self) -> Worker:
         if self.worker is None:  # first session on a loop where start() was not awaited
@@ -81,8 +95,9 @@ class TranscriptionService:
         return self._ensure_worker()
 
     def open_session(self, session_id: str, on_event: Callable[[Event], None],
-                     vad_config: VADConfig | None = None) -> TranscriptionSession:
-        """A live session; `vad_config` replaces the app's VAD settings for it (the Realtime API's turn detection)."""
+                     vad_config: VADConfig | None = None, speakers: bool = True) -> TranscriptionSession:
+        """A live session; `vad_config` replaces the app's VAD settings for it (the Realtime API's turn detection);
+        it labels speakers where the app has the speaker model loaded, unless `speakers` is False."""
         existing = self.sessions.get(session_id)
         if existing is not None:
             return existing
@@ -97,6 +112,8 @@ class TranscriptionService:
             partial_interval_max=s.partial_interval_max,
             language=s.language,
             word_timestamps=s.word_times and self.engine.word_timestamps,
+            speakers=LiveSpeakers(self.diarizer().embedder) if speakers and self.speakers_ready else None,
+            speaker_pool=self._speaker_pool,
         )
         self.sessions[session_id] = session
         log.info("session %s opened (%d live)", session_id, len(self.sessions))
@@ -117,6 +134,19 @@ class TranscriptionService:
         if session is not None:
             return session.transcript.snapshot()
         return self.closed.get(session_id)
+
+    def rename_speaker(self, session_id: str, speaker: str, name: str) -> bool:
+        """Call a speaker of a session (live or closed) `name` in its transcript from now on."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.rename(speaker, name)
+        snapshot = self.closed.get(session_id)
+        name = " ".join(name.split())[:64]
+        if snapshot is None or not name or not any(e.speaker == speaker for e in snapshot.entries):
+            return False
+        entries = tuple(dataclasses.replace(e, speaker=name) if e.speaker == speaker else e for e in snapshot.entries)
+        self.closed[session_id] = dataclasses.replace(snapshot, entries=entries)
+        return True
 
     def clear(self, session_id: str) -> None:
         session = self.sessions.get(session_id)

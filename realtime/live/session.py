@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +26,8 @@ import numpy as np
 from ..audio import SAMPLE_RATE
 from ..engines import TranscribeOptions, Transcription
 from ..engines.policy import trim_loop
-from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
+from ..speakers import LiveSpeakers, Turn
+from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeakerEvent, SpeechStarted, SpeechStopped
 from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
 from .vad import SegmentEnd, Segmenter, SegmentStart, SileroVAD, VADConfig
@@ -63,6 +65,8 @@ class TranscriptionSession:
         language: str | None = None,
         word_timestamps: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        speakers: LiveSpeakers | None = None,
+        speaker_pool: Executor | None = None,
     ) -> None:
         self.id = session_id
         self.worker = worker
@@ -83,6 +87,13 @@ class TranscriptionSession:
         self._ends: dict[int, SegmentEnd] = {}
         self._speculative: _Speculative | None = None
         self.last_latency: float | None = None
+        self.speakers = speakers
+        """The speaker model's live state when speaker labels are on; its work runs on `speaker_pool`."""
+        self._speaker_pool = speaker_pool
+        self._speaker_ids: dict[int, int] = {}
+        self._turns: dict[int, list[Turn]] = {}
+        self.names: dict[int, str] = {}
+        """Names the user gave speakers, by speaker number."""
 
     # -- time
     @property
@@ -129,6 +140,10 @@ class TranscriptionSession:
             future = self.worker.submit(Job(self.id, event.segment, event.audio, "final", self.options))
         self._finals_pending[event.segment] = future
         future.add_done_callback(lambda f, seg=event.segment: self._on_final(seg, f))
+        if self.speakers is not None:
+            heard = asyncio.get_running_loop().run_in_executor(self._speaker_pool, self.speakers.add, event.audio,
+                                                               event.audio_start)
+            heard.add_done_callback(lambda f, seg=event.segment: self._on_speakers(seg, f))
 
     def _speculate(self) -> None:
         pending = self.segmenter.pending_end()
@@ -208,8 +223,65 @@ class TranscriptionSession:
         words = tuple(dataclasses.replace(w, start=end_event.audio_start + w.start, end=end_event.audio_start + w.end)
                       for w in result.words)  # in stream time (asked for with `options.word_timestamps`)
         self.last_latency = latency
-        self.transcript.add(Entry(segment, start, end, text, latency=latency, language=language, words=words))
-        self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words))
+        speaker = self.speaker_label(segment)
+        self.transcript.add(Entry(segment, start, end, text, latency=latency, language=language, words=words,
+                                  speaker=speaker))
+        self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words, speaker=speaker))
+
+    # -- speakers
+    def speaker_name(self, speaker: int) -> str:
+        return self.names.get(speaker) or f"Speaker {speaker + 1}"
+
+    def speaker_label(self, segment: int) -> str | None:
+        """The label of who spoke a segment, once the speaker model has heard it."""
+        speaker = self._speaker_ids.get(segment)
+        return None if speaker is None else self.speaker_name(speaker)
+
+    def _on_speakers(self, segment: int, future: asyncio.Future[tuple[list[Turn], dict[int, int]]]) -> None:
+        if self.closed or future.cancelled():
+            return
+        if (exc := future.exception()) is not None:
+            log.warning("speaker labels failed for segment %d: %s", segment, exc)
+            return
+        turns, merged = future.result()
+        if not turns:
+            return
+        spoken: dict[int, float] = {}
+        for t in turns:
+            spoken[t.speaker] = spoken.get(t.speaker, 0.0) + t.end - t.start
+        self._speaker_ids[segment] = max(spoken, key=lambda k: spoken[k])
+        self._turns[segment] = turns
+        revised = []
+        for seg, speaker in self._speaker_ids.items():
+            if speaker in merged:
+                self._speaker_ids[seg] = merged[speaker]
+                self._turns[seg] = [dataclasses.replace(t, speaker=merged.get(t.speaker, t.speaker))
+                                    for t in self._turns.get(seg, [])]
+                revised.append(seg)
+        self._announce(segment)
+        for seg in revised:
+            if seg != segment:
+                self._announce(seg, revised=True)
+
+    def _announce(self, segment: int, revised: bool = False) -> None:
+        """The segment's speaker into its transcript entry and out as an event, once its final is there."""
+        label = self.speaker_label(segment)
+        if label is None or not self.transcript.relabel(segment, label):
+            return
+        turns = tuple((t.start, t.end, self.speaker_name(t.speaker)) for t in self._turns.get(segment, []))
+        self._emit(SpeakerEvent(segment, label, turns, revised=revised))
+
+    def rename(self, speaker: str, name: str) -> bool:
+        """Call a speaker (by its current label) `name` from now on, in the transcript and its downloads."""
+        number = next((n for n in set(self._speaker_ids.values()) if self.speaker_name(n) == speaker), None)
+        name = " ".join(name.split())[:64]
+        if number is None or not name:
+            return False
+        self.names[number] = name
+        for seg, n in self._speaker_ids.items():
+            if n == number:
+                self._announce(seg, revised=True)
+        return True
 
     def _emit(self, event: Event) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,6 +53,15 @@ class Transcript:
         if self.partial is not None and self.partial.segment <= entry.segment:
             self.partial = None
 
+    def relabel(self, segment: int, speaker: str) -> bool:
+        """Give the segment's entries this speaker; False when the segment has no entry yet."""
+        found = False
+        for i, e in enumerate(self.entries):
+            if e.segment == segment:
+                self.entries[i] = dataclasses.replace(e, speaker=speaker)
+                found = True
+        return found
+
     def clear(self) -> None:
         self.entries.clear()
         self.partial = None
@@ -79,7 +89,8 @@ def _texts(entries: Iterable[Entry]) -> list[Entry]:
 
 
 def to_text(entries: Iterable[Entry]) -> str:
-    return "\n".join(e.text for e in _texts(entries))
+    """A line per entry; a speaker's label, where there is one, starts it ("A: ...")."""
+    return "\n".join(f"{e.speaker}: {e.text}" if e.speaker else e.text for e in _texts(entries))
 
 
 def cues(entries: Iterable[Entry], max_chars: int | None = None) -> list[Entry]:

@@ -112,9 +112,10 @@ class Diarization:
         middle = (start + end) / 2
         return min(self.turns, key=lambda t: min(abs(t.start - middle), abs(t.end - middle))).speaker
 
-    def label(self, speaker: int) -> str:
-        """A known speaker's name, else a letter in order of appearance (A, B, ...), as OpenAI labels them."""
-        return self.names.get(speaker) or letter(speaker)
+    def label(self, speaker: int, numbered: bool = False) -> str:
+        """A known speaker's name, else a letter in order of appearance (A, B, ...) as OpenAI labels them, or with
+        `numbered` "Speaker 1", "Speaker 2", ... as the page labels them."""
+        return self.names.get(speaker) or (f"Speaker {speaker + 1}" if numbered else letter(speaker))
 
     def rttm(self, file_id: str) -> str:
         return "".join(f"SPEAKER {file_id} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {self.label(t.speaker)} "
@@ -174,7 +175,8 @@ class Diarizer:
 
 class LiveSpeakers:
     """A live session's speakers: each stretch of speech is windowed and every window joins the nearest speaker
-    (or opens one) as it is heard; `final()` reclusters all the session's windows, as a file would be."""
+    (or opens one) as it is heard. `online()` gives the session's turns as labelled live, `final()` reclusters all
+    its windows at once, as a file would be."""
 
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
@@ -183,27 +185,22 @@ class LiveSpeakers:
         self.embeddings: list[np.ndarray] = []
         self.labels: list[int] = []
 
-    def add(self, audio: np.ndarray, start: float) -> list[Turn]:
-        """The turns of one closed stretch of speech (`audio` starting at stream time `start`)."""
+    def add(self, audio: np.ndarray, start: float) -> tuple[list[Turn], dict[int, int]]:
+        """The turns of one closed stretch of speech (`audio` starting at stream time `start`), and the speakers
+        merged into others since the last call ({merged: kept}: earlier labels to revise)."""
         end = start + audio.size / SAMPLE_RATE
-        windows = speaker_windows([(start, end)])
-        if not windows:
-            windows = [(start, end)]
+        windows = speaker_windows([(start, end)]) or [(start, end)]
         embeddings = self.embedder.embed([_cut(audio, (a - start, b - start)) for a, b in windows])
         labels = [self.clusters.add(e, b - a) for e, (a, b) in zip(embeddings, windows, strict=True)]
+        merged = self.clusters.merge_close()
         self.windows += windows
         self.embeddings += list(embeddings)
-        self.labels += labels
-        return _turns([(start, end)], windows, labels)
+        self.labels = [merged.get(v, v) for v in [*self.labels, *labels]]
+        return _turns([(start, end)], windows, [merged.get(v, v) for v in labels]), merged
 
-    def final(self, speech: Sequence[Span]) -> Diarization:
-        """The whole session clustered at once; numbers follow first appearance."""
-        if not self.windows:
-            return Diarization([], np.zeros((0, self.embedder.dim)))
-        order = np.argsort([a for a, _ in self.windows], kind="stable")
+    def _diarization(self, speech: Sequence[Span], labels: np.ndarray, order: np.ndarray) -> Diarization:
         windows = [self.windows[i] for i in order]
         embeddings = np.stack([self.embeddings[i] for i in order])
-        labels = cluster(embeddings)
         centroids = np.stack([embeddings[labels == s].mean(0) for s in range(int(labels.max()) + 1)])
         return Diarization(_turns(sorted(speech), windows, labels), centroids)
 
@@ -212,8 +209,11 @@ class LiveSpeakers:
         if not self.windows:
             return Diarization([], np.zeros((0, self.embedder.dim)))
         order = np.argsort([a for a, _ in self.windows], kind="stable")
-        labels = first_seen_order(np.array([self.labels[i] for i in order]))
-        windows = [self.windows[i] for i in order]
-        embeddings = np.stack([self.embeddings[i] for i in order])
-        centroids = np.stack([embeddings[labels == s].mean(0) for s in range(int(labels.max()) + 1)])
-        return Diarization(_turns(sorted(speech), windows, labels), centroids)
+        return self._diarization(speech, first_seen_order(np.array([self.labels[i] for i in order])), order)
+
+    def final(self, speech: Sequence[Span]) -> Diarization:
+        """The whole session clustered at once; numbers follow first appearance."""
+        if not self.windows:
+            return Diarization([], np.zeros((0, self.embedder.dim)))
+        order = np.argsort([a for a, _ in self.windows], kind="stable")
+        return self._diarization(speech, cluster(np.stack([self.embeddings[i] for i in order])), order)

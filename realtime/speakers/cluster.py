@@ -15,6 +15,9 @@ ONLINE_COSINE = 0.5
 new one, and a recording's clusters stop merging below it."""
 ONLINE_MIN_NEW_S = 1.0
 """A window of less speech than this never opens a speaker: it joins the nearest one."""
+MERGE_COSINE = 0.875
+"""Two live speakers whose centroids come to be this alike are one (3D-Speaker's threshold for merging clusters):
+centroids average many windows, so they are more alike than single windows of different voices."""
 MIN_CLUSTER = 4
 """A cluster of fewer windows joins the nearest larger one."""
 MAX_CLUSTERED = 3000
@@ -71,22 +74,38 @@ def cluster(embeddings: np.ndarray) -> np.ndarray:
 
 @dataclass
 class OnlineClusters:
-    """Speakers as a live session meets them: each window joins the nearest speaker, or opens a new one."""
+    """Speakers as a live session meets them: each window joins the nearest speaker, or opens a new one; two
+    speakers whose centroids come to be `MERGE_COSINE` alike are merged (the later into the earlier)."""
 
     threshold: float = ONLINE_COSINE
-    sums: list[np.ndarray] = field(default_factory=list)
+    sums: dict[int, np.ndarray] = field(default_factory=dict)
+    opened: int = 0
 
     def add(self, embedding: np.ndarray, seconds: float) -> int:
         """The speaker of one window (`seconds` of speech), which then refines that speaker's centroid."""
         x = _unit(np.asarray(embedding, dtype=np.float64))
         if self.sums:
-            similarity = _unit(np.stack(self.sums)) @ x
+            ids = list(self.sums)
+            similarity = _unit(np.stack([self.sums[i] for i in ids])) @ x
             best = int(np.argmax(similarity))
             if similarity[best] >= self.threshold or seconds < ONLINE_MIN_NEW_S:
-                self.sums[best] = self.sums[best] + x
-                return best
-        self.sums.append(x)
-        return len(self.sums) - 1
+                self.sums[ids[best]] = self.sums[ids[best]] + x
+                return ids[best]
+        self.sums[self.opened] = x
+        self.opened += 1
+        return self.opened - 1
 
-    def centroids(self) -> np.ndarray:
-        return _unit(np.stack(self.sums)) if self.sums else np.zeros((0, 0))
+    def merge_close(self) -> dict[int, int]:
+        """Merge speakers whose centroids are at least `MERGE_COSINE` alike; {merged: kept} for each merge."""
+        merged: dict[int, int] = {}
+        while len(self.sums) > 1:
+            ids = sorted(self.sums)
+            centres = _unit(np.stack([self.sums[i] for i in ids]))
+            similarity = np.triu(centres @ centres.T, 1)
+            a, b = np.unravel_index(int(np.argmax(similarity)), similarity.shape)
+            if similarity[a, b] < MERGE_COSINE:
+                break
+            keep, gone = ids[int(a)], ids[int(b)]
+            self.sums[keep] = self.sums[keep] + self.sums.pop(gone)
+            merged = {k: keep if v == gone else v for k, v in merged.items()} | {gone: keep}
+        return merged

@@ -60,7 +60,7 @@ from ..live.transcribe import SegmentStream, Window, stream_text, timed_entries,
 from ..live.transcript import Entry
 from ..live.vad import SegmentEnd
 from ..live.worker import Job
-from ..speakers import Diarization, Diarizer, SpeakersUnavailable
+from ..speakers import Diarizer, SpeakersUnavailable
 from .access import bearer, is_key
 from .api_fields import (
     CLIP_MAX_S,
@@ -228,14 +228,6 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                       for i, (name, url) in enumerate(params.known_speakers)}
         return diarizer, references
 
-    async def speakers(model: tuple[Diarizer, dict[str, np.ndarray]], path: Path,
-                       speech: list[tuple[float, float]]) -> Diarization:
-        """The file's speaker turns over the speech the VAD found, named after the known speakers' clips."""
-        diarizer, references = model
-        audio = await asyncio.to_thread(decode_file, path)
-        diarization = await asyncio.to_thread(diarizer.file, audio, speech)
-        return await asyncio.to_thread(diarizer.name, diarization, references)
-
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
         # segments are packed into windows; formats with times ask for Whisper's timestamps in them, or go
         # segment by segment on engines that have none
@@ -265,7 +257,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         except AudioDecodeError as exc:
             raise undecodable(exc, path) from None
         if model is not None:
-            entries = labels.label(entries, await speakers(model, path, speech))
+            diarizer, references = model
+            diarization = await asyncio.to_thread(labels.diarize_file, diarizer, path, speech, references)
+            entries = labels.label(entries, diarization)
             if not params.words:
                 entries = [dataclasses.replace(e, words=()) for e in entries]
         text = " ".join(e.text for e in entries)

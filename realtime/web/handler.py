@@ -34,12 +34,15 @@ def picked_language(engine_languages: tuple[str, ...], value: Any, default: str 
 
 
 def apply_page_inputs(service: TranscriptionService, session: TranscriptionSession, language: Any,
-                      translate: Any) -> None:
-    """The page's (language, translate) on `session`: a language the engine does not take, or translation on an
-    engine that cannot, leaves the app's setting."""
+                      translate: Any, speakers: Any = True) -> None:
+    """The page's (language, translate, speaker labels) on `session`: a language the engine does not take, or
+    translation on an engine that cannot, leaves the app's setting; speaker labels switched off stay off for the
+    session."""
     engine = service.engine
     chosen = picked_language(engine.languages, language, service.settings.language)
     session.choose(chosen, "translate" if translate and engine.translates else "transcribe")
+    if not speakers:
+        session.speakers = None
 
 
 class TranscriptionHandler(AsyncStreamHandler):

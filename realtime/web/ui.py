@@ -17,6 +17,7 @@ import asyncio
 import base64
 import dataclasses
 import html
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from fastrtc import WebRTC
 
 from ..audio import AudioDecodeError
 from ..engines import TranscribeOptions
+from ..live import labels
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..live.transcribe import SegmentStream, timed_entries, transcribe_results
@@ -65,6 +67,9 @@ COPY_JS = """(...args) => { const box = document.getElementById("rt-transcript")
   navigator.clipboard.writeText(text).then(() => window.rtSay && window.rtSay("Transcript copied"),
     () => window.rtSay && window.rtSay("The browser did not allow copying"));
   return args; }"""
+SPEAKER_COLOURS = 8
+"""Distinct colours for speaker labels (assets/style.css, .rt-speaker-0 to -7); more speakers reuse them."""
+RENAME = re.compile(r"^\s*(?P<old>[^=]+?)\s*=\s*(?P<new>.+?)\s*$")
 TIME_LIMIT_BACKSTOP_S = 15.0  # fastrtc's own hang-up, after SessionLimits has ended the session with a message
 
 
@@ -74,16 +79,23 @@ def _clock(seconds: float) -> str:
 
 
 def _lines(entries: tuple[Entry, ...] | list[Entry], languages: dict[int, str] | None = None) -> list[str]:
-    """A line per entry: its time, its language (the entry's own, else `languages` by segment) and its text."""
+    """A line per entry: its time, its language (the entry's own, else `languages` by segment), its speaker (a
+    colour per speaker, in order of appearance) and its text."""
     lines = []
+    colours: dict[str, int] = {}
     for e in entries:
         when = f'<span class="rt-time">{_clock(e.start)} → {_clock(e.end)}</span>'
         code = getattr(e, "language", None) or (languages or {}).get(e.segment)
         lang = f'<span class="rt-lang" title="language">{html.escape(str(code))}</span>' if code else ""
+        who = ""
+        if e.speaker:
+            n = colours.setdefault(e.speaker, len(colours)) % SPEAKER_COLOURS
+            who = f'<span class="rt-speaker rt-speaker-{n}" title="speaker">{html.escape(e.speaker)}</span>'
         if e.kind == "error":
             lines.append(f'<div class="rt-line">{when}<span class="rt-error">⚠ {html.escape(e.text)}</span></div>')
         elif e.text:
-            lines.append(f'<div class="rt-line">{when}{lang}<span class="rt-final">{html.escape(e.text)}</span></div>')
+            lines.append(f'<div class="rt-line">{when}{lang}{who}<span class="rt-final">{html.escape(e.text)}</span>'
+                         '</div>')
     return lines
 
 
@@ -163,8 +175,9 @@ def render_file_text(entries: list[Entry], languages: dict[int, str]) -> str:
 
 
 def render_progress(done: int, cut: int, cutting: bool, covered: float, duration: float | None,
-                    error: str | None = None) -> str:
-    """The file's progress: a bar over the audio transcribed and the count of segments done of those cut."""
+                    error: str | None = None, labelling: bool = False) -> str:
+    """The file's progress: a bar over the audio transcribed and the count of segments done of those cut; with
+    `labelling`, the speaker labels are still to come."""
     if error:
         return f'<div class="rt-progress-error" role="alert">⚠ {html.escape(error)}</div>'
     total = f"{cut}{'+' if cutting else ''}"
@@ -173,7 +186,9 @@ def render_progress(done: int, cut: int, cutting: bool, covered: float, duration
     fraction = 1.0 if not cutting and done >= cut else min(0.99, covered / duration) if duration else None
     bar = (f'<progress max="1" value="{fraction:.3f}" aria-label="transcription progress"></progress>'
            if fraction is not None else '<progress aria-label="transcription progress"></progress>')
-    state = "done" if not cutting and done >= cut else "running"
+    if labelling and not cutting and done >= cut:
+        label, fraction = "telling the speakers apart", 0.99
+    state = "done" if not cutting and done >= cut and not labelling else "running"
     return (f'<div class="rt-progress" data-state="{state}" data-done="{done}" data-total="{cut}" '
             f'role="status">{bar}<span>{html.escape(label)}</span></div>')
 
@@ -208,9 +223,10 @@ def _probe_duration(path: Path) -> float | None:
 
 
 async def transcribe_upload(service: TranscriptionService, path: str | None,
-                            language: str | None = None) -> AsyncIterator[tuple[str, str, str]]:
+                            language: str | None = None, speakers: bool = True) -> AsyncIterator[tuple[str, str, str]]:
     """(progress, text, downloads) HTML as the file's segments are cut and transcribed; `language` is the
-    picker's value (None: the app's setting)."""
+    picker's value (None: the app's setting). With the speaker model loaded (and `speakers`), the lines are
+    labelled with their speakers once the whole file is heard."""
     if not path:
         yield "", render_file_text([], {}), ""
         return
@@ -225,12 +241,15 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
     segments = _CountingStream(path, settings.vad_config(), window_s=window)
     entries: list[Entry] = []
     languages: dict[int, str] = {}
+    speech: list[tuple[float, float]] = []
     done, covered, language = 0, 0.0, chosen
+    labelling = speakers and service.speakers_ready
     yield render_progress(0, 0, True, 0, duration), render_file_text([], {}), ""
     try:
         async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
             done += 1
             covered = max(covered, end.end)
+            speech += labels.speech_spans(end)
             if isinstance(result, BaseException):
                 new = [Entry(len(entries), end.start, end.end, f"transcription failed: {result}", kind="error")]
             else:
@@ -238,12 +257,15 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
                 language = language or result.language
                 languages.update({e.segment: result.language for e in new if result.language})
             entries.extend(new)
-            yield (render_progress(done, segments.cut, segments.cutting, covered, duration),
+            yield (render_progress(done, segments.cut, segments.cutting, covered, duration, labelling=labelling),
                    render_file_text(entries, languages), "")
     except AudioDecodeError as exc:
         message = str(exc).replace(str(path), "the upload")
         yield render_progress(done, segments.cut, False, covered, duration, f"not decodable audio: {message}"), "", ""
         return
+    if labelling and entries:
+        diarization = await asyncio.to_thread(labels.diarize_file, service.diarizer(), path, speech)
+        entries = labels.label(entries, diarization, numbered=True)
     text = (render_file_text(entries, languages) if entries
             else '<div class="rt-empty">No speech was found in this recording.</div>')
     yield (render_progress(done, segments.cut, False, max(covered, duration or 0), duration), text,
@@ -373,6 +395,8 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                         )
                         translate = gr.Checkbox(False, label="Translate to English", visible=engine.translates,
                                                 info="finals and partials in English", elem_id="rt-translate")
+                        speakers = gr.Checkbox(True, label="Speaker labels", visible=settings.diarize,
+                                               info="who spoke each line", elem_id="rt-speakers")
                         audio = WebRTC(
                             label="Microphone",
                             modality="audio",
@@ -386,6 +410,10 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                         with gr.Row():
                             copy = gr.Button("Copy text", elem_id="rt-copy", size="sm")
                             clear = gr.Button("Clear", elem_id="rt-clear", size="sm")
+                        with gr.Row(visible=settings.diarize):
+                            rename = gr.Textbox(label="Rename a speaker", placeholder="Speaker 1 = Alice",
+                                                elem_id="rt-rename", scale=3)
+                            rename_button = gr.Button("Rename", elem_id="rt-rename-button", size="sm", scale=1)
                     with gr.Column(scale=3, min_width=280):
                         notice = gr.HTML(render_notice(turn.notice(None)), elem_id="rt-notice")
                         transcript = gr.HTML(render_transcript(None), elem_id="rt-transcript")
@@ -410,43 +438,58 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
 
         primed: set[str] = set()
 
-        def on_output(previous: str | None, language: str | None, translating: bool, event: dict[str, Any],
-                      session_id: str) -> tuple[str, str, str, str]:
+        def on_output(previous: str | None, language: str | None, translating: bool, labelling: bool,
+                      event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
             if session_id not in primed and (session := service.sessions.get(session_id)) is not None:
                 primed.intersection_update(service.sessions)
                 primed.add(session_id)  # its first event (speech started): the inputs as the stream started
-                apply_page_inputs(service, session, language, translating)
+                apply_page_inputs(service, session, language, translating, labelling)
             transcripts.carry_on(previous, session_id)
             transcripts.note(session_id, event)
             joined = transcripts.joined(session_id)
             page_html = render_transcript(*joined) if joined else render_transcript(None)
             return page_html, render_status(service, session_id, event), session_id, ""
 
-        async def outputs(value: Any, previous: str | None, language: str | None,
-                          translating: bool) -> AsyncIterator[tuple[str, str, str, str]]:
+        async def outputs(value: Any, previous: str | None, language: str | None, translating: bool,
+                          labelling: bool) -> AsyncIterator[tuple[str, str, str, str]]:
             async for event, session_id in connection_outputs(audio, value):
-                yield on_output(previous, language, translating, event, session_id)
+                yield on_output(previous, language, translating, labelling, event, session_id)
 
         # the inputs are read when a stream's outputs start: the page's last session, which a new one carries on
         # from, and the picker and toggle as they were then (later changes: on_pick, on the session in session_state)
-        audio.state_change(outputs, inputs=[audio, session_state, picker, translate],
+        audio.state_change(outputs, inputs=[audio, session_state, picker, translate, speakers],
                            outputs=[transcript, status, session_state, notice], concurrency_limit=None, queue=True,
                            show_progress="minimal", trigger_mode="once")
 
-        async def on_upload(path: str | None, language: str | None) -> AsyncIterator[tuple[str, str, str]]:
-            async for out in transcribe_upload(service, path, language):
+        async def on_upload(path: str | None, language: str | None,
+                            labelling: bool) -> AsyncIterator[tuple[str, str, str]]:
+            async for out in transcribe_upload(service, path, language, labelling):
                 yield out
 
-        upload.change(on_upload, inputs=[upload, picker], outputs=[file_progress, file_text, file_downloads],
+        upload.change(on_upload, inputs=[upload, picker, speakers],
+                      outputs=[file_progress, file_text, file_downloads],
                       concurrency_limit=settings.concurrency_limit, show_progress="hidden")
-        def on_pick(session_id: str | None, language: str | None, translating: bool) -> str:
+        def on_pick(session_id: str | None, language: str | None, translating: bool, labelling: bool) -> str:
             if session_id and (session := service.sessions.get(session_id)) is not None:
-                apply_page_inputs(service, session, language, translating)  # the live session: from the next job
+                apply_page_inputs(service, session, language, translating, labelling)  # from the next job on
             return render_file_language(languages, language)
 
-        for control in (picker, translate):
-            control.change(on_pick, inputs=[session_state, picker, translate], outputs=[file_language], queue=False,
-                           show_progress="hidden")
+        for control in (picker, translate, speakers):
+            control.change(on_pick, inputs=[session_state, picker, translate, speakers], outputs=[file_language],
+                           queue=False, show_progress="hidden")
+
+        def on_rename(session_id: str | None, asked: str) -> tuple[str, str]:
+            match = RENAME.match(asked or "")
+            joined = transcripts.joined(session_id) if session_id else None
+            if session_id and match and joined:
+                # a label in an earlier session of the page is renamed there too
+                for sid in (*transcripts.earlier.get(session_id, ()), session_id):
+                    service.rename_speaker(sid, match["old"], match["new"])
+                joined = transcripts.joined(session_id)
+            return (render_transcript(*joined) if joined else render_transcript(None)), ""
+
+        rename_button.click(on_rename, inputs=[session_state, rename], outputs=[transcript, rename], queue=False)
+        rename.submit(on_rename, inputs=[session_state, rename], outputs=[transcript, rename], queue=False)
         copy.click(None, js=COPY_JS)
 
         def on_load(request: gr.Request) -> str:
