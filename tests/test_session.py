@@ -48,7 +48,9 @@ def service(engine):
 
 def test_partials_precede_finals_and_every_segment_ends_final(service, speech_dir):
     speech = compose(speech_dir / "session.wav", SENTENCES[:3], gaps=[1.2, 1.2], tail=1.5)
-    events, snapshot = play(service, decode_file(speech.path))
+    # in real time, as a microphone speaks: at 4x a busy machine had not decoded one partial before each segment
+    # closed (seen in a fresh-clone run)
+    events, snapshot = play(service, decode_file(speech.path), realtime=1.0)
     finals = [e for e in events if e["type"] == "final"]
     assert [e["segment"] for e in finals] == [0, 1, 2]
     partials = 0
@@ -59,8 +61,8 @@ def test_partials_precede_finals_and_every_segment_ends_final(service, speech_di
         for p in before:
             assert p["text"].startswith(p["committed"])
         partials += bool(before)
-    # played at 4x real time: a busy machine (finals first, partials spaced out under load) may give a short
-    # segment none, as the page allows; the session as a whole must show tentative text before it settles
+    # a busy machine (finals first, partials spaced out under load) may give a short segment none, as the page
+    # allows; the session as a whole must show tentative text before it settles
     assert partials >= 1, events
     # tiny.en reads espeak's "The weather today" as "But when we're today" (WER 0.11); a busy machine batches
     # finals that wait together, padded to the longest, and then reads it otherwise (0.17 seen)
