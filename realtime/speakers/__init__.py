@@ -127,6 +127,11 @@ def letter(speaker: int) -> str:
     return letters[speaker] if speaker < len(letters) else f"{letters[speaker // 26 - 1]}{letters[speaker % 26]}"
 
 
+def _centroids(embeddings: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each speaker's mean embedding, row i for speaker i."""
+    return np.stack([embeddings[labels == s].mean(0) for s in range(int(labels.max()) + 1)])
+
+
 def _cut(audio: np.ndarray, span: Span) -> np.ndarray:
     return audio[round(span[0] * SAMPLE_RATE):round(span[1] * SAMPLE_RATE)]
 
@@ -145,8 +150,7 @@ class Diarizer:
             return Diarization([], np.zeros((0, self.embedder.dim)))
         embeddings = self.embedder.embed([_cut(audio, w) for w in windows])
         labels = cluster(embeddings)
-        centroids = np.stack([embeddings[labels == s].mean(0) for s in range(int(labels.max()) + 1)])
-        return Diarization(_turns(speech, windows, labels), centroids)
+        return Diarization(_turns(speech, windows, labels), _centroids(embeddings, labels))
 
     def name(self, diarization: Diarization, references: Mapping[str, np.ndarray]) -> Diarization:
         """Each reference's name given to the speaker most like it (at least `NAME_COSINE`), one speaker each."""
@@ -175,8 +179,7 @@ class Diarizer:
 
 class LiveSpeakers:
     """A live session's speakers: each stretch of speech is windowed and every window joins the nearest speaker
-    (or opens one) as it is heard. `online()` gives the session's turns as labelled live, `final()` reclusters all
-    its windows at once, as a file would be."""
+    (or opens one) as it is heard. `online()` gives the session's turns as labelled live."""
 
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
@@ -201,8 +204,7 @@ class LiveSpeakers:
     def _diarization(self, speech: Sequence[Span], labels: np.ndarray, order: np.ndarray) -> Diarization:
         windows = [self.windows[i] for i in order]
         embeddings = np.stack([self.embeddings[i] for i in order])
-        centroids = np.stack([embeddings[labels == s].mean(0) for s in range(int(labels.max()) + 1)])
-        return Diarization(_turns(sorted(speech), windows, labels), centroids)
+        return Diarization(_turns(sorted(speech), windows, labels), _centroids(embeddings, labels))
 
     def online(self, speech: Sequence[Span]) -> Diarization:
         """The session's turns as they were labelled live, renumbered in order of appearance."""
@@ -210,10 +212,3 @@ class LiveSpeakers:
             return Diarization([], np.zeros((0, self.embedder.dim)))
         order = np.argsort([a for a, _ in self.windows], kind="stable")
         return self._diarization(speech, first_seen_order(np.array([self.labels[i] for i in order])), order)
-
-    def final(self, speech: Sequence[Span]) -> Diarization:
-        """The whole session clustered at once; numbers follow first appearance."""
-        if not self.windows:
-            return Diarization([], np.zeros((0, self.embedder.dim)))
-        order = np.argsort([a for a, _ in self.windows], kind="stable")
-        return self._diarization(speech, cluster(np.stack([self.embeddings[i] for i in order])), order)
