@@ -17,6 +17,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Two environments (about 7 GB), the converted models and the suite's temporary files take about 14 GB on a fresh
+# machine; pip keeps no second copy of the wheels it installs.
+export PIP_NO_CACHE_DIR=1
+need_gb=4
+[ -x .venv/bin/python ] || need_gb=$((need_gb + 4))
+[ -x .venv-vllm/bin/python ] || need_gb=$((need_gb + 4))
+free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+if [ "$free_gb" -lt "$need_gb" ]; then
+  echo "warning: $free_gb GB free on this disk; the installs and the suite need about $need_gb GB" >&2
+fi
+
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt

