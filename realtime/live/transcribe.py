@@ -30,7 +30,7 @@ import logging
 import threading
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -489,14 +489,18 @@ async def transcribe_segments(
     options: TranscribeOptions | None = None,
     batch_size: int | None = None,
     window_s: float | None = None,
+    on_segment: Callable[[SegmentEnd], object] | None = None,
 ) -> AsyncIterator[Entry]:
     """Yield the entries of the file in order: one per speech segment or packed window, or with
-    `options.timestamps` one per timed piece that Whisper found in it.
+    `options.timestamps` one per timed piece that Whisper found in it. `on_segment` sees each segment or window
+    as it is answered (the speaker model windows their speech).
 
     Raises AudioDecodeError on bad input."""
     n = 0
     async for end, result in transcribe_results(path, runner, vad, options, batch_size=batch_size,
                                                 window_s=window_s):
+        if on_segment is not None:
+            on_segment(end)
         if isinstance(result, BaseException):
             entries = [Entry(n, end.start, end.end, f"transcription failed: {result}", kind="error")]
         else:
@@ -513,5 +517,6 @@ async def transcribe_file(
     options: TranscribeOptions | None = None,
     batch_size: int | None = None,
     window_s: float | None = None,
+    on_segment: Callable[[SegmentEnd], object] | None = None,
 ) -> list[Entry]:
-    return [e async for e in transcribe_segments(path, runner, vad, options, batch_size, window_s)]
+    return [e async for e in transcribe_segments(path, runner, vad, options, batch_size, window_s, on_segment)]
