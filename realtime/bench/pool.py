@@ -114,8 +114,8 @@ def bench_pool(args: argparse.Namespace) -> dict[str, Any]:
         if not pool.ready.wait(300):
             raise RuntimeError(f"the pool did not start (see {out / 'pool.log'})")
         pool.wait(lo, 60)
-        port = _free_port()
-        front = _launch(port, max(clients) + 2, "--engine", "remote", "--remote-url", pool.route)
+        front, port = _launch(max(clients) + 2, "--engine", "remote", "--remote-url", pool.route,
+                              log=out / "front.log")
         load_start = round(time.monotonic() - t0, 1)
         steps = _steps(f"http://127.0.0.1:{port}", speeches, clients, t0)
         load_end = round(time.monotonic() - t0, 1)
@@ -128,7 +128,7 @@ def bench_pool(args: argparse.Namespace) -> dict[str, Any]:
         pool.stop()
     embedded: list[dict[str, Any]] = []
     if args.beside_embedded:
-        app = _launch(port := _free_port(), max(clients) + 2)
+        app, port = _launch(max(clients) + 2, log=out / "embedded.log")
         try:
             embedded = _steps(f"http://127.0.0.1:{port}", speeches, clients, time.monotonic())
         finally:

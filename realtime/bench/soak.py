@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..audio import SAMPLE_RATE, decode_file
-from .common import ROOT, _free_port, _machine, _rss_mb, write_outputs
+from .common import ROOT, _machine, _rss_mb, write_outputs
 from .stream import _launch, _lost, _pct, _percent
 from .synth import wer
 
@@ -107,8 +107,7 @@ def bench_soak(args: argparse.Namespace) -> dict[str, Any]:
     if args.url:
         url, pid = args.url.rstrip("/"), args.pid
     else:
-        port = _free_port()
-        proc = _launch(port, args.clients + 2)
+        proc, port = _launch(args.clients + 2, log=out / "app.log")
         url, pid = f"http://127.0.0.1:{port}", proc.pid
     rounds: list[dict[str, Any]] = []
     finals: list[tuple[float, float]] = []

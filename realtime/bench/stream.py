@@ -25,25 +25,56 @@ from .common import ROOT, _cpu_seconds, _free_port, _machine, write_outputs
 from .synth import MORE_SENTENCES, SENTENCES, Speech, compose, wer
 
 
-def _launch(port: int, limit: int, *extra: str) -> subprocess.Popen[bytes]:
-    """The app on loopback (the embedded engine unless `extra` says otherwise), once it reports ready."""
+def _launch(limit: int, *extra: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The app on a free loopback port (the embedded engine unless `extra` says otherwise), once it reports ready;
+    returns it and its port. Its output goes to `log`. A port that another process took between choosing it and
+    the app's bind (benchmarks run beside other jobs) is tried again with a new one."""
+    for _ in range(3):
+        port = _free_port()
+        proc = _start(port, limit, extra, log)
+        if proc is not None:
+            return proc, port
+    raise RuntimeError(f"no free port for the app after 3 tries (see {log})")
+
+
+def _start(port: int, limit: int, extra: tuple[str, ...], log: Path) -> subprocess.Popen[bytes] | None:
     import httpx
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback",
-                             "--concurrency-limit", str(limit), "--log-level", "WARNING", *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback",
+                                 "--concurrency-limit", str(limit), "--log-level", "WARNING", *extra],
+                                cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
     for _ in range(300):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json().get("ready"):
+                if not _listens(proc.pid, port):  # another process answers on this port
+                    proc.kill()
+                    proc.wait()
+                    return None
                 return proc
         except (httpx.HTTPError, ValueError):
             pass
         if proc.poll() is not None:
-            raise RuntimeError("the app exited during start-up")
+            text = log.read_text(errors="replace")
+            if "address already in use" in text.lower():
+                return None
+            raise RuntimeError(f"the app exited during start-up ({log}):\n{text[-2000:]}")
         time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("the app did not become ready")
+    raise RuntimeError(f"the app did not become ready (see {log})")
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether `pid` (or its child) holds the listening socket on `port`: Linux's socket tables, else assumed."""
+    try:
+        inodes = {line.split()[9] for name in ("/proc/net/tcp", "/proc/net/tcp6")
+                  for line in Path(name).read_text().splitlines()[1:]
+                  if line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A"}
+        held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return True
+    return any(f"socket:[{inode}]" in held for inode in inodes)
 
 
 def _client_speech(out: Path, i: int) -> Speech:
@@ -187,8 +218,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
     if args.url:
         url, pid = args.url.rstrip("/"), args.pid
     else:
-        port = _free_port()
-        proc = _launch(port, max(clients))
+        proc, port = _launch(max(clients), log=out / "app.log")
         url, pid = f"http://127.0.0.1:{port}", proc.pid
     rows = []
     try:
