@@ -85,7 +85,8 @@ def run(wav: Path, key: str, timeout: float) -> dict[str, Any]:
                 events = [e for _, e in page.evaluate("() => window.__events")]
                 stopped = sum(e["type"] == "input_audio_buffer.speech_stopped" for e in events)
                 done = sum(e["type"] == "conversation.item.input_audio_transcription.completed" for e in events)
-                if time.monotonic() - started > audio_s and stopped and done == stopped:
+                # a busy server's VAD may close the last segment seconds after the audio ends: wait past that
+                if time.monotonic() - started > audio_s + 5 and stopped and done == stopped:
                     break
                 page.wait_for_timeout(200)
             result["events"] = page.evaluate("() => window.__events")
