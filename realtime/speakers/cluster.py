@@ -1,7 +1,13 @@
-"""Grouping speaker embeddings into speakers: a whole recording at once (agglomerative clustering, average linkage
-on cosine distance, stopped at the same similarity that opens a new speaker live), or one window at a time as a
-live session hears it. Clusters of very few windows join the nearest larger one, as 3D-Speaker's clustering
-(`speakerlab/process/cluster.py`, Apache-2.0) folds them.
+"""Grouping speaker embeddings into speakers: a whole recording at once, or one window at a time as a live session
+hears it.
+
+A recording is clustered as 3D-Speaker clusters it (`speakerlab/process/cluster.py`, Apache-2.0): spectral
+clustering of the windows' cosine affinities, each row pruned to its nearest neighbours, the number of speakers
+read from the Laplacian's largest eigengap; then clusters of very few windows join the nearest larger one, and
+speakers whose centroids are alike are merged. A fixed similarity threshold does not carry from one recording to
+another (two voices on one telephone line are more alike than two across a meeting room); the eigengap adapts.
+Too few windows for an eigengap to mean anything are clustered agglomeratively (average linkage on cosine
+distance, stopped at the similarity that opens a new speaker live).
 """
 
 from __future__ import annotations
@@ -20,9 +26,19 @@ MERGE_COSINE = 0.875
 centroids average many windows, so they are more alike than single windows of different voices."""
 MIN_CLUSTER = 4
 """A cluster of fewer windows joins the nearest larger one."""
+SPECTRAL_MIN = 10
+"""Fewer windows than this are clustered agglomeratively (3D-Speaker's `cluster_line`)."""
+PRUNE_KEEP = 0.02
+"""Each window keeps its affinities to this share of the windows, its nearest ones (3D-Speaker's `pval`), and at
+least `PRUNE_MIN` of them."""
+PRUNE_MIN = 6
+MAX_SPEAKERS = 10
+"""The most speakers the eigengap may find in one recording."""
+RECORDING_MERGE_COSINE = 0.8
+"""A recording's speakers whose centroids are at least this alike are one (3D-Speaker's `mer_cos`)."""
 MAX_CLUSTERED = 3000
-"""Agglomerative clustering's memory grows with the square of the windows: a longer recording clusters an evenly
-spaced sample of this many, and each other window joins the nearest cluster."""
+"""Clustering's memory grows with the square of the windows (its time faster): a longer recording clusters an
+evenly spaced sample of this many, and each other window joins the nearest cluster."""
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -33,6 +49,51 @@ def _agglomerative(x: np.ndarray) -> np.ndarray:
     from scipy.cluster.hierarchy import fcluster, linkage
 
     return fcluster(linkage(x, method="average", metric="cosine"), t=1 - ONLINE_COSINE, criterion="distance") - 1
+
+
+def _spectral(x: np.ndarray) -> np.ndarray:
+    import scipy.linalg
+    from scipy.cluster.vq import kmeans2
+
+    n = len(x)
+    affinity = x @ x.T
+    pruned = min(int((1 - PRUNE_KEEP) * n), n - PRUNE_MIN)
+    if pruned > 0:
+        np.put_along_axis(affinity, np.argsort(affinity, axis=1)[:, :pruned], 0.0, axis=1)
+    affinity = (affinity + affinity.T) / 2
+    np.fill_diagonal(affinity, 0.0)
+    laplacian = np.diag(np.abs(affinity).sum(1)) - affinity
+    values, vectors = scipy.linalg.eigh(laplacian, subset_by_index=[0, min(MAX_SPEAKERS, n - 1)])
+    k = int(np.argmax(np.diff(values))) + 1
+    if k == 1:
+        return np.zeros(n, dtype=int)
+    spectral = vectors[:, :k]
+    best: tuple[float, np.ndarray] | None = None
+    for seed in range(5):  # k-means from a few seeded starts, the tightest kept: the same answer every run
+        centres, labels = kmeans2(spectral, k, seed=seed, minit="++")
+        inertia = float(((spectral - centres[labels]) ** 2).sum())
+        if best is None or inertia < best[0]:
+            best = (inertia, labels)
+    assert best is not None
+    return best[1]
+
+
+def _merge_alike(labels: np.ndarray, x: np.ndarray) -> np.ndarray:
+    labels = labels.copy()
+    while len(ids := np.unique(labels)) > 1:
+        centres = _centres(labels, x, ids)
+        similarity = np.triu(centres @ centres.T, 1)
+        a, b = np.unravel_index(int(np.argmax(similarity)), similarity.shape)
+        if similarity[a, b] < RECORDING_MERGE_COSINE:
+            break
+        labels[labels == ids[b]] = ids[a]
+    return labels
+
+
+def _recording(x: np.ndarray) -> np.ndarray:
+    if len(x) < SPECTRAL_MIN:
+        return _fold_small(_agglomerative(x), x)
+    return _merge_alike(_fold_small(_spectral(x), x), x)
 
 
 def _centres(labels: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -65,9 +126,9 @@ def cluster(embeddings: np.ndarray) -> np.ndarray:
     if len(x) < 2:
         return np.zeros(len(x), dtype=int)
     if len(x) <= MAX_CLUSTERED:
-        return first_seen_order(_fold_small(_agglomerative(x), x))
+        return first_seen_order(_recording(x))
     sample = np.linspace(0, len(x) - 1, MAX_CLUSTERED).round().astype(int)
-    found = _fold_small(_agglomerative(x[sample]), x[sample])
+    found = _recording(x[sample])
     ids = np.unique(found)
     return first_seen_order(ids[np.argmax(x @ _centres(found, x[sample], ids).T, axis=1)])
 
