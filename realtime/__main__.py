@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from .audio import AudioDecodeError
 from .config import ENGINE_FLAGS, add_arguments, from_namespace
-from .live import labels
 from .live import transcript as fmt
 
 if TYPE_CHECKING:
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
 
 def _transcribe(args: argparse.Namespace) -> int:
     from .engines import TranscribeOptions, create_engine
+    from .live import labels
     from .live.transcribe import transcribe_file
 
     settings = from_namespace(args)
