@@ -34,6 +34,7 @@ from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.bench.client import FRAME
 from realtime.bench.synth import MORE_SENTENCES
 from realtime.web.ice import use_loopback_only
+from realtime.web.limits import STALE_AUDIO_S
 
 from conftest import App, launch, stop
 from speech import SENTENCES, compose, wer
@@ -151,9 +152,13 @@ def _outcomes(events: list[dict[str, Any]]) -> dict[int, list[str]]:
     return seen
 
 
-def _all_settled(events: list[dict[str, Any]]) -> bool:
-    outcomes = _outcomes(events)
-    return bool(outcomes) and all(outcomes.values())
+def _settled(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    """Whether n segments have opened and each has its outcome (the server may still be reading the audio
+    after the client has sent its last packet)."""
+    def check(events: list[dict[str, Any]]) -> bool:
+        outcomes = _outcomes(events)
+        return len(outcomes) >= n and all(outcomes.values())
+    return check
 
 
 def _wait_idle(app: App, timeout: float = 15.0) -> dict[str, Any]:
@@ -220,7 +225,7 @@ def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(f
                 await peer.until(lambda ev: any(e["type"] == "error" for e in ev), 40)
                 endpoint.default = "ok"
                 await peer.track.done.wait()
-                await peer.until(_all_settled, 40)
+                await peer.until(_settled(3), 40)
                 return peer
 
         peer = asyncio.run(live())
@@ -266,13 +271,15 @@ def test_client_that_stops_sending_is_reclaimed_and_keeps_its_finals(tmp_path, s
             async with Peer(app.url, decode_file(speech.path), stall_at=stall_at) as peer:
                 await peer.track.stalled.wait()
                 t_stall = time.monotonic()
-                await peer.until(lambda ev: any(e["type"] == "closed" for e in ev), 30)
+                await peer.until(lambda ev: any(e["type"] == "closed" for e in ev), STALE_AUDIO_S)
                 return peer, t_stall
 
         peer, t_stall = asyncio.run(stalled())
         closed = next(e for e in peer.events if e["type"] == "closed")
         assert closed["reason"] == "no_audio" and "4 s" in closed["message"], closed
-        assert 3.5 <= closed["at"] - t_stall <= 9, "reclaimed after the idle timeout"
+        # the closed event follows the final of the sentence it stalled in, which a loaded machine takes seconds to
+        # decode: after the idle timeout, and well before the default's
+        assert 3.5 <= closed["at"] - t_stall < STALE_AUDIO_S, "reclaimed after the idle timeout"
         outcomes = _outcomes(peer.events)
         assert outcomes == {0: ["final"], 1: ["final"], 2: ["final"]}, peer.summary()
         assert peer.events.index(closed) == len(peer.events) - 1, "the finals come before the session closes"

@@ -45,12 +45,17 @@ def test_judge_follows_whispers_rules_and_catches_short_loops():
     assert policy.compression_ratio(short_loop) < policy.COMPRESSION_RATIO_THRESHOLD  # Whisper's rule misses it
     assert judge(Hypothesis(short_loop, -0.2, 0.0)) == "retry"
     assert judge(Hypothesis("word " * 60, None, None)) == "retry"  # text-only engines: the same rules on text
+    # a confident row of dots where the model finds no speech (a hum) is silence, not a retry that samples
+    assert judge(Hypothesis(". . . . . . . . . . . . . . . . . . .", -0.19, 0.81)) == "silence"
+    assert judge(Hypothesis(". . . . . . . . . . . . . . . . . . .", -0.19, 0.1)) == "retry"
 
 
 def test_what_is_kept_when_no_temperature_is_left():
     assert settle(Hypothesis("ask not. ask not. ask not.", -0.2, 0.0)) == "ask not."
     assert settle(Hypothesis("real but unsure words", -2.5, 0.2)) == "real but unsure words"  # not dropped
     assert settle(Hypothesis("thanks for watching", -1.2, 0.8)) == ""
+    assert settle(Hypothesis(". . . . . . . .", -0.5, 0.3)) == ""  # no word, nothing to show
+    assert settle(Hypothesis("...", None, None)) == ""
 
 
 def test_quiet_speech_is_raised_for_the_model_and_loud_or_silent_audio_left_alone():

@@ -40,6 +40,7 @@ LOOP_REPEATS = {1: 6, 2: 3}
 """Shorter runs are loops when they come this many times in a row (people do say "word word word")."""
 
 _PUNCT = re.compile(r"[^\w']+")
+_WORD = re.compile(r"\w")
 
 
 def is_silent(audio: np.ndarray) -> bool:
@@ -98,6 +99,11 @@ def trim_loop(text: str) -> str:
     return " ".join(words[:keep])
 
 
+def has_words(text: str) -> bool:
+    """Whether text holds a word at all ("" and ". . . ." do not)."""
+    return _WORD.search(text) is not None
+
+
 def compression_ratio(text: str) -> float:
     data = text.encode("utf-8")
     return len(data) / len(zlib.compress(data)) if data else 0.0
@@ -115,9 +121,13 @@ class Hypothesis:
 
 def judge(h: Hypothesis) -> Verdict:
     """Whisper's rules for one decode: "silence" (no speech: keep nothing), "retry" (a loop or a guess: decode
-    again at the next temperature), or "ok". Engines that report no probabilities are judged on text alone."""
+    again at the next temperature), or "ok". Engines that report no probabilities are judged on text alone.
+
+    Beyond Whisper's rules, a decode without a word whose no-speech probability is above the threshold is
+    silence however confident it is: on a hum the model writes a row of dots, and the samples drawn after it
+    vary from run to run."""
     if h.no_speech_prob is not None and h.no_speech_prob > NO_SPEECH_THRESHOLD and (
-            h.avg_logprob is None or h.avg_logprob < LOGPROB_THRESHOLD):
+            h.avg_logprob is None or h.avg_logprob < LOGPROB_THRESHOLD or not has_words(h.text)):
         return "silence"
     if not h.text:
         return "ok"
@@ -129,8 +139,9 @@ def judge(h: Hypothesis) -> Verdict:
 
 
 def settle(h: Hypothesis) -> str:
-    """The text kept once no temperature is left: nothing for silence, a loop cut where it starts over."""
-    if judge(h) == "silence":
+    """The text kept once no temperature is left: nothing for silence or for text without a word, a loop cut
+    where it starts over."""
+    if judge(h) == "silence" or not has_words(h.text):
         return ""
     text = trim_loop(h.text)
     return "" if compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD else text
