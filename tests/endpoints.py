@@ -7,6 +7,7 @@ behaviour from `script` (else `default`; clips shorter than `script_min_seconds`
     ok            {"text": "segment N"}; N is read from the WAV's first sample (see `segment_audio`)
     500, 503      an error reply (OpenAI error shape)
     429:S         429 with Retry-After: S
+    busy:S        503 with Retry-After: S, as this app answers when its API transcriptions are all running
     slow:S        the ok reply, S seconds late
     drop          the connection is closed without a reply
     drop-mid      200 with its headers and part of the body, then the connection is closed (a reply cut short)
@@ -170,6 +171,9 @@ class FakeEndpoint:
                 h._json(200, {"text": f"segment {entry['segment']}"})
         elif name in ("500", "503"):
             h._json(int(name), {"error": {"message": f"injected {name}", "type": "server_error", "code": None}})
+        elif name == "busy":
+            h._json(503, {"error": {"message": "the server is busy (8 transcriptions running); retry shortly",
+                                    "type": "server_error", "code": "overloaded"}}, {"Retry-After": arg})
         elif name == "429":
             h._json(429, {"error": {"message": "slow down", "type": "rate_limit", "code": None}},
                     {"Retry-After": arg})

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -131,8 +132,36 @@ def test_retries_with_backoff_honouring_retry_after(endpoint):
     assert all(e["segment"] == 7 for e in log)
     gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(log)]
     assert gaps[1] >= 1.0, "Retry-After: 1 was not honoured"
-    for i, gap in enumerate(gaps):  # exponential backoff: at least half of each doubling step
+    # exponential backoff over the failures, at least half of each doubling step (the 429 is busy, not a failure)
+    for i, gap in enumerate([gaps[0], *gaps[2:]]):
         assert gap >= 0.05 * 2**i * 0.95, gaps
+
+
+@pytest.mark.fast
+def test_a_busy_endpoint_is_waited_for_and_its_circuit_stays_closed(endpoint):
+    """An endpoint at capacity (this app's 503 with Retry-After when its API transcriptions are all running, or a
+    429) more times in a row than the retries and the failure threshold allow, then free: the final is sent again
+    once each Retry-After has passed and goes through, and the circuit never opened. Before, busy answers counted as
+    failures: a front sending a long file's windows to an instance that another client kept busy opened the circuit
+    and the whole file failed with "remote endpoint unavailable"."""
+    endpoint.script.extend(["busy:0.2", "429:0.2", "busy:0.2", "busy:0.2", "ok", "busy:0.2"])
+
+    async def scenario():
+        engine = await started([endpoint.url], retries=1, failure_threshold=2, backoff_base=0.02)
+        try:
+            final = await engine.transcribe(segment_audio(3), FINAL)
+            with pytest.raises(EndpointUnavailable):  # a partial is stale by the time a retry lands: tried once
+                await engine.transcribe(segment_audio(4), TranscribeOptions(partial=True))
+            return final, engine.describe()["endpoints"][0]
+        finally:
+            await engine.close()
+
+    final, described = run(scenario())
+    log = endpoint.requests()
+    assert final.text == "segment 3" and final.extra["attempts"] == 5
+    assert [e["behaviour"] for e in log] == ["busy:0.2", "429:0.2", "busy:0.2", "busy:0.2", "ok", "busy:0.2"]
+    assert all(b["t"] - a["t"] >= 0.2 for a, b in itertools.pairwise(log[:5])), "Retry-After was not honoured"
+    assert described["healthy"] and described["busy"] == 5 and described["errors"] == 0, described
 
 
 @pytest.mark.fast
@@ -466,25 +495,32 @@ def test_a_long_recording_through_another_instance_is_transcribed_as_that_instan
     instance: each packed window is asked of it whole (CLIP_HEADER: decoded as its own file path decodes a window,
     with word times), checked for coverage, and its uncovered segments asked alone (realtime/live/coverage.py). Before,
     the endpoint cut and packed the packed audio again and its text was taken as it came: whole sentences went
-    missing. At most half a point above the other instance's own answer (the lost stretches are printed)."""
+    missing (13.5 % against 11.5 %). The same file goes to the other instance directly at the same time, so that
+    instance is at its `--api-max-requests` and answers some windows busy: they wait and go through (before, the
+    busy answers opened the circuit and the whole file failed). At most a point above the other instance's own
+    answer: the remote's reading varies with the order its windows reach the instance, since the sampled
+    fallback draws in that order (11.35 to 11.87 % in 8 runs against 11.53 %; docs/performance.md)."""
     comp = long_recording(tmp_path / "long.wav")
     front = launch(tmp_path, "--engine", "remote", "--remote-url", f"{upstream.url}/v1/audio/transcriptions",
                    "--remote-token", "sekret")
+
+    def transcribe(app: App) -> str:
+        r = httpx.post(f"{app.url}/v1/audio/transcriptions", headers={"Authorization": "Bearer sekret"},
+                       timeout=900, files={"file": (comp.path.name, comp.path.read_bytes(), "audio/wav")})
+        assert r.status_code == 200, r.text
+        return r.json()["text"]
+
     try:
-        texts = {}
-        for name, app in (("upstream", upstream), ("remote", front)):
-            r = httpx.post(f"{app.url}/v1/audio/transcriptions", headers={"Authorization": "Bearer sekret"},
-                           timeout=900,
-                           files={"file": (comp.path.name, comp.path.read_bytes(), "audio/wav")})
-            assert r.status_code == 200, r.text
-            texts[name] = r.json()["text"]
+        with ThreadPoolExecutor(2) as pool:
+            texts = dict(zip(("upstream", "remote"), pool.map(transcribe, (upstream, front)), strict=True))
+        busy = front.health()["endpoints"][0]["busy"]
     finally:
         stop(front)
     figures = {k: corpus_wer([comp.text], [v]) for k, v in texts.items()}
     lost = {k: lost_runs(comp.text, v) for k, v in texts.items()}
     print(f"\nlong recording, WER: {', '.join(f'{k} {100 * v:.2f} %' for k, v in figures.items())}; stretches of 5+ "
-          f"words lost: { {k: len(v) for k, v in lost.items()} }")
-    assert figures["remote"] <= figures["upstream"] + 0.005  # no worse by more than half a point (better is no loss)
+          f"words lost: {lost}; windows answered busy: {busy}")
+    assert figures["remote"] <= figures["upstream"] + 0.01  # no worse by more than a point (better is no loss)
 
 
 def test_cli_transcribes_through_a_remote_endpoint(upstream, speech_dir):

@@ -29,11 +29,20 @@ class EndpointUnavailable(EngineUnavailable):
 
 
 class _Retryable(Exception):
-    """A failure worth another attempt: connection, timeout, 429/5xx, malformed reply."""
+    """A failure worth another attempt: connection, timeout, 429/5xx, malformed reply.
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    `busy` marks back-pressure rather than a fault: the endpoint said it is at capacity (429, or 503 with a
+    Retry-After), so it is rested until then but its circuit stays closed."""
+
+    def __init__(self, message: str, retry_after: float | None = None, *, busy: bool = False) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.busy = busy
+
+
+def is_busy(status: int, retry_after: float | None) -> bool:
+    """Whether a refusal is the endpoint's back-pressure (429, or 503 naming when to come back)."""
+    return status == 429 or (status == 503 and retry_after is not None)
 
 
 @dataclass
@@ -54,6 +63,8 @@ class Endpoint:
     failures: int = 0
     """Consecutive failures; the circuit opens at the threshold."""
     errors: int = 0
+    busy: int = 0
+    """Requests the endpoint refused as busy (not failures: they never open the circuit)."""
     state: str = "closed"
     """closed: in use; open: skipped until re-probed."""
     retry_at: float = 0.0
@@ -74,6 +85,7 @@ class Endpoint:
         return {
             "url": self.url, "style": self.style, "model": self.model, "healthy": self.state == "closed",
             "in_flight": self.in_flight, "requests": self.requests, "errors": self.errors,
+            "busy": self.busy,
             "retry_in_s": round(max(self.retry_at, self.blocked_until) - now, 1)
             if self.state == "open" or self.blocked_until > now else None,
             "last_error": self.last_error,

@@ -15,6 +15,9 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
 - Connect and read timeouts; retries with exponential backoff and jitter on connection errors,
   timeouts, dropped connections, malformed replies, 429 and 5xx; `Retry-After` is honoured (the endpoint is
   not used again before then); a bound on requests in flight.
+- Back-pressure is not failure: a 429, or a 503 with Retry-After (this app's answer when its `--api-max-requests`
+  are running), rests the endpoint until then and the request waits and tries again, for up to `busy_wait`
+  seconds without using up its retries; such answers never open the circuit.
 - A circuit breaker per endpoint: after `failure_threshold` consecutive failures it is skipped, and a
   background prober re-probes it (`/health`, else `/v1/models`) after a cooldown that doubles while it
   stays down. With several URLs each request goes to the healthy endpoint with the fewest requests in
@@ -68,6 +71,7 @@ from .endpoints import (
     _error_message,
     _retry_after,
     _Retryable,
+    is_busy,
     parse_answer,
     parse_endpoint,
     read_sse,
@@ -139,6 +143,7 @@ class RemoteEngine(EngineBase):
         backoff_base: float = 0.2,
         backoff_max: float = 5.0,
         max_retry_wait: float = 10.0,
+        busy_wait: float = 120.0,
         probe_interval: float = 0.25,
     ) -> None:
         raw = urls.split(",") if isinstance(urls, str) else list(urls)
@@ -168,6 +173,7 @@ class RemoteEngine(EngineBase):
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.max_retry_wait = max_retry_wait
+        self.busy_wait = busy_wait
         self.probe_interval = probe_interval
         self.fallback_requests = 0
         self._slots = asyncio.Semaphore(self.max_in_flight)
@@ -293,11 +299,14 @@ class RemoteEngine(EngineBase):
 
     def _failure(self, ep: Endpoint, exc: _Retryable) -> None:
         now = time.monotonic()
+        if exc.retry_after:
+            ep.blocked_until = max(ep.blocked_until, now + exc.retry_after)
+        if exc.busy:  # at capacity, not down: rested until its Retry-After, the circuit left alone
+            ep.busy += 1
+            return
         ep.failures += 1
         ep.errors += 1
         ep.last_error = str(exc)
-        if exc.retry_after:
-            ep.blocked_until = max(ep.blocked_until, now + exc.retry_after)
         if ep.failures >= self.failure_threshold:
             self._open(ep, str(exc), at_least=ep.blocked_until - now)
 
@@ -339,9 +348,12 @@ class RemoteEngine(EngineBase):
         attempts = 1 if options.partial else 1 + self.retries  # a partial is stale by the time a retry lands
         last: _Retryable | None = None
         ep: Endpoint | None = None
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(self._backoff(attempt - 1))
+        attempt = sent = 0
+        busy_until = time.monotonic() + self.busy_wait
+        while attempt < attempts:
+            if sent:
+                await asyncio.sleep(self._backoff(max(attempt, 1) - 1))
+            sent += 1
             async with self._slots:  # the bound on requests in flight; then the least busy endpoint
                 ep = await self._choose(avoid=ep, wait=not options.partial)
                 t0 = time.perf_counter()
@@ -354,11 +366,15 @@ class RemoteEngine(EngineBase):
                 except TimeoutError:
                     last = _Retryable(f"no complete reply within {self.timeout * 2 + self.connect_timeout:.0f} s")
                     self._failure(ep, last)
+                    attempt += 1
                     continue
                 except _Retryable as exc:
                     last = exc
                     self._failure(ep, exc)
-                    log.info("remote %s attempt %d/%d failed: %s", ep.url, attempt + 1, attempts, exc)
+                    # a busy endpoint is waited for (within busy_wait) without using up the retries
+                    if not (exc.busy and attempts > 1 and time.monotonic() < busy_until):
+                        attempt += 1
+                    log.info("remote %s attempt %d/%d failed: %s", ep.url, attempt, attempts, exc)
                     continue
                 finally:
                     ep.in_flight -= 1
@@ -370,10 +386,10 @@ class RemoteEngine(EngineBase):
                 duration=duration, segments=result.segments or ((TimedText(0.0, duration, result.text),)
                                                                  if result.text else ()),
                 engine_seconds=time.perf_counter() - t0,
-                extra={"endpoint": ep.realtime_url if realtime else ep.url, "attempts": attempt + 1},
+                extra={"endpoint": ep.realtime_url if realtime else ep.url, "attempts": sent},
             )
         assert last is not None
-        raise EndpointUnavailable(f"remote endpoint failed after {attempts} attempt(s): {last}", self._wait_hint())
+        raise EndpointUnavailable(f"remote endpoint failed after {sent} attempt(s): {last}", self._wait_hint())
 
     async def _send(self, ep: Endpoint, wav: bytes, options: TranscribeOptions,
                     on_delta: Callable[[str], None]) -> Transcription:
@@ -418,7 +434,8 @@ class RemoteEngine(EngineBase):
                         log.warning("%s refused verbose_json (%s): asking it for json from now on", ep.url, message)
                         raise _Retryable(message)
                     if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
-                        raise _Retryable(message, _retry_after(r))
+                        wait = _retry_after(r)
+                        raise _Retryable(message, wait, busy=is_busy(r.status_code, wait))
                     if r.status_code in (401, 403):
                         raise EngineError(f"the endpoint {ep.url} refused the token ({message})")
                     raise EngineError(f"the endpoint {ep.url} rejected the segment ({message})")
@@ -521,7 +538,8 @@ class RemoteEngine(EngineBase):
                 retry_after: float | None = None
                 with contextlib.suppress(TypeError, ValueError):
                     retry_after = max(0.0, float(exc.response.headers.get("retry-after", "")))
-                raise _Retryable(f"realtime handshake {message}", retry_after) from exc
+                raise _Retryable(f"realtime handshake {message}", retry_after,
+                                 busy=is_busy(status, retry_after)) from exc
             if status in (401, 403):
                 raise EngineError(f"the endpoint {ep.realtime_url} refused the token ({message})") from exc
             raise EngineError(f"the endpoint {ep.realtime_url} has no Realtime API ({message}); --remote-realtime "
