@@ -127,7 +127,9 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     page.wait_for_function("""() => /record/i.test(document.querySelector(
         '#rt-webrtc button[aria-label="start stream"]').textContent)""", timeout=10_000)
     page.wait_for_timeout(1500)
-    r["restart_before"] = finals(page)
+    # the stopped session's lines stay; a page on a busy machine may still be re-rendering them (ci14: none shown
+    # 1.5 s after the stop, both there after the restart)
+    r["restart_before"] = wait_finals(page, len(shown), 30)
     r["restart_before_lines"] = page.evaluate(LINES, "#rt-transcript")
     r["restart_before_status"] = page.inner_text("#rt-status")
     console.append(f"{time.monotonic():.1f} -- started again")

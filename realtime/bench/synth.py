@@ -78,12 +78,14 @@ def sentence_audio(text: str, cache: Path, voice: str = "en-us", speed: int = 15
     """One sentence, 16 kHz mono float32, leading and trailing silence trimmed."""
     if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
         raise RuntimeError("espeak-ng and sox are required (apt-get install espeak-ng sox)")
-    key = hashlib.sha1(f"{voice}|{speed}|{text}".encode()).hexdigest()[:16]
+    key = hashlib.sha1(f"{voice}|{speed}|{text}|undithered".encode()).hexdigest()[:16]
     out = cache / f"s-{key}.wav"
     if not out.exists():
         raw = cache / f"raw-{key}.wav"
         _run("espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text)
-        _run("sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out),
+        # -D: sox dithers on the way to 16 bits, with a new random seed each run, and a greedy
+        # decode of one sentence can turn on that noise
+        _run("sox", "-D", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out),
              "silence", "1", "0.02", "0.5%", "reverse", "silence", "1", "0.02", "0.5%", "reverse")
         raw.unlink()
     audio, rate = sf.read(str(out), dtype="float32")
