@@ -70,6 +70,12 @@ def test_long_clip_and_timestamps_use_long_form(engine, clips):
     assert len(result.segments) >= 2
     assert all(s.end >= s.start for s in result.segments)
     assert wer(" ".join(SENTENCES[:6] * 2), result.text) <= 0.2
+    # the temperature a timed decode ended at, which the file path reads to decode a sampled window's segments alone
+    # (realtime/live/coverage.py `sampled`): without it a sampled timed window was trusted, loops and all
+    assert result.extra["temperature"] == 0.0
+    window = np.concatenate(clips[:3])
+    sampled = engine.transcribe_sync(window, TranscribeOptions(timestamps=True, temperature=0.4))
+    assert sampled.extra["temperature"] == 0.4
 
 
 def test_bad_model_path_is_a_clear_error(tmp_path):

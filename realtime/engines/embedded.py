@@ -429,9 +429,11 @@ class EmbeddedEngine(EngineBase):
         kept: list[TimedText] = []
         no_speech: list[float] = []
         logprobs: list[float] = []
+        temperature = 0.0
         for seg in segments:
             no_speech.append(seg.no_speech_prob)
             logprobs.append(seg.avg_logprob)
+            temperature = max(temperature, float(seg.temperature or 0.0))
             text = policy.settle(policy.Hypothesis(seg.text.strip(), seg.avg_logprob, seg.no_speech_prob))
             if text:
                 words = tuple(Word(round(float(w.start), 3), round(float(w.end), 3), w.word, float(w.probability))
@@ -445,7 +447,7 @@ class EmbeddedEngine(EngineBase):
             no_speech_prob=max(no_speech) if no_speech else None,
             avg_logprob=float(np.mean(logprobs)) if logprobs else None,
             engine_seconds=time.perf_counter() - t0,
-            extra={"language_probability": float(info.language_probability)},
+            extra={"language_probability": float(info.language_probability), "temperature": temperature},
         )
 
     async def close(self) -> None:
