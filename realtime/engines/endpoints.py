@@ -122,8 +122,8 @@ def parse_endpoint(raw: str) -> Endpoint:
     )
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds (a number of seconds or an HTTP date); None if absent or unreadable."""
     if not value:
         return None
     try:

@@ -434,7 +434,7 @@ class RemoteEngine(EngineBase):
                         log.warning("%s refused verbose_json (%s): asking it for json from now on", ep.url, message)
                         raise _Retryable(message)
                     if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
-                        wait = _retry_after(r)
+                        wait = _retry_after(r.headers.get("retry-after"))
                         raise _Retryable(message, wait, busy=is_busy(r.status_code, wait))
                     if r.status_code in (401, 403):
                         raise EngineError(f"the endpoint {ep.url} refused the token ({message})")
@@ -535,9 +535,7 @@ class RemoteEngine(EngineBase):
                 detail = body.strip()[:200]
             message = f"{status} {detail}".strip()
             if status in RETRYABLE_STATUS or status >= 500:
-                retry_after: float | None = None
-                with contextlib.suppress(TypeError, ValueError):
-                    retry_after = max(0.0, float(exc.response.headers.get("retry-after", "")))
+                retry_after = _retry_after(exc.response.headers.get("retry-after"))
                 raise _Retryable(f"realtime handshake {message}", retry_after,
                                  busy=is_busy(status, retry_after)) from exc
             if status in (401, 403):
