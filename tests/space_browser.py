@@ -108,11 +108,13 @@ def relay(browser: Browser, tmp: Path, turn: Coturn, wav: Path, holder_wav: Path
     app = launch(tmp, env=env)
     try:
         r["health"] = app.health()
+        # the page is loaded before the holder connects: the page's start handler counts the open sessions when
+        # the button is clicked, and loading a page on a busy machine outlasted the holder's two sentences (ci19)
+        page = open_page(browser, app, r["requests"])
         holder: dict[str, Any] = {}
         thread = threading.Thread(target=hold_place, args=(app.url, holder_wav, holder))
         thread.start()
         r["holder_connected"] = wait_connections(app, 1)
-        page = open_page(browser, app, r["requests"])
         page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
         r["refused"] = watch(page, 30, lambda s: s["toasts"] and "full" in s["notice"] and s["stream"] == "closed")
         page.screenshot(path=str(shots / "space-refused.png"), full_page=True)
