@@ -48,6 +48,7 @@ vllm_env() {
 }
 vllm_env &
 vllm_pid=$!
+trap 'pkill -P "$vllm_pid" 2>/dev/null; kill "$vllm_pid" 2>/dev/null || true' EXIT  # a failed install below leaves no pip running
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # tests/test_pool.py needs the pool's extra; one resolver run for both
@@ -58,6 +59,7 @@ if ! wait "$vllm_pid"; then
   echo "installing .venv-vllm failed" >&2
   exit 1
 fi
+trap - EXIT
 
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 .venv/bin/ruff check .
