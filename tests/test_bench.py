@@ -113,3 +113,73 @@ def test_bench_pool_report_says_each_scaling_against_the_step_it_came_in(tmp_pat
     assert [c.strip() for c in rows[0].split("|")[1:-1]] == ["4", "2", "0.7 / 1.2", "8.0 %", "0", "", "", ""]
     assert rows[1].startswith("| 8 | 3 | 0.7 / 1.2 |") and "0.7 / 1.9" in rows[1]
     assert (tmp_path / "bench-pool.png").stat().st_size > 0
+
+
+@pytest.mark.fast
+def test_peers_score_stamps_each_utterance_from_the_servers_own_text():
+    """`bench peers` scores every server the same way: from what its client was shown over time, per utterance."""
+    from realtime.bench.peers import Utterance, score
+
+    utts = [Utterance(0.5, 2.0, "Hello there, my friend."), Utterance(3.2, 5.0, "How are you today?"),
+            Utterance(6.2, 8.0, "See you tomorrow.")]
+    first = "Hello there my friend."
+    snaps = [(1.0, "", "Hello"), (2.3, first, first), (3.6, first, f"{first} How"),
+             (5.8, f"{first} How are you today?", f"{first} How are you today?"),
+             (6.9, f"{first} How are you today?", f"{first} How are you today? See you")]
+    s = score(snaps, utts)
+    assert s.final_s == [0.3, 0.8, None]  # the third was shown but never final
+    assert s.shown_s == [0.5, 0.4, 0.7]
+    # a word the server rewrites is final only when its last version arrives
+    rewritten = [*snaps[:2], (4.0, "Hello there my friends.", "Hello there my friends.")]
+    assert score(rewritten, utts[:1]).final_s == [2.0]
+    # a misheard word still pairs with its utterance; an utterance with nothing said of it is never final
+    misheard = [(2.5, "Hello there my fiend.", "Hello there my fiend.")]
+    assert score(misheard, utts[:2]).final_s == [0.5, None]
+
+
+@pytest.mark.fast
+def test_peer_clients_keep_what_each_server_calls_final(monkeypatch):
+    """The peers' protocols, against scripted servers on loopback: WhisperLive's completed segments are kept by
+    start time when they scroll out of the last few it sends; WhisperLiveKit's committed lines are final and its
+    buffer tentative."""
+    import asyncio
+
+    import numpy as np
+    from websockets.asyncio.server import serve
+
+    from realtime.bench import peers
+
+    monkeypatch.setattr(peers, "TAIL_S", 0.0)
+
+    async def whisperlive(ws):
+        options = json.loads(await ws.recv())
+        assert options["use_vad"] and options["language"] == "en"
+        await ws.send(json.dumps({"uid": options["uid"], "message": "SERVER_READY", "backend": "faster_whisper"}))
+        seg = lambda s, text, done: {"start": f"{s:.3f}", "end": f"{s + 1:.3f}", "text": text, "completed": done}  # noqa: E731
+        await ws.recv()
+        await ws.send(json.dumps({"segments": [seg(0, " One.", True), seg(1, " Two", False)]}))
+        await ws.send(json.dumps({"segments": [seg(1, " Two.", True), seg(2, " Three", False)]}))
+        async for msg in ws:
+            if msg == b"END_OF_AUDIO":
+                break
+
+    async def whisperlivekit(ws):
+        await ws.send(json.dumps({"type": "config", "useAudioWorklet": True, "mode": "full"}))
+        await ws.recv()
+        await ws.send(json.dumps({"lines": [{"text": "One"}], "buffer_transcription": "two"}))
+        await ws.send(json.dumps({"lines": [{"text": "One two."}], "buffer_transcription": ""}))
+        async for msg in ws:
+            if msg == b"":
+                await ws.send(json.dumps({"type": "ready_to_stop"}))
+
+    async def run(handler, play):
+        async with serve(handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            return await play(port, np.zeros(8000, np.float32))
+
+    wl = asyncio.run(run(whisperlive, lambda port, audio: peers.play_whisperlive(port, audio, "tiny.en")))
+    assert wl.error is None
+    assert [s[1:] for s in wl.snapshots] == [("One.", "One. Two"), ("One. Two.", "One. Two. Three")]
+    wlk = asyncio.run(run(whisperlivekit, peers.play_whisperlivekit))
+    assert wlk.error is None
+    assert [s[1:] for s in wlk.snapshots] == [("One", "One two"), ("One two.", "One two.")]

@@ -64,9 +64,11 @@ def main(argv: list[str]) -> int:
                                                   "comma-separated (tiny.en, base); empty for none")
     q.add_argument("--out", default="bench-out")
     from .gpu import add_parser as add_gpu_parser
+    from .peers import add_parser as add_peers_parser
     from .pool import add_parser as add_pool_parser
     from .speakers import add_parser as add_speakers_parser
 
+    add_peers_parser(sub)
     add_pool_parser(sub)
     add_gpu_parser(sub)
     add_speakers_parser(sub)
@@ -90,6 +92,10 @@ def main(argv: list[str]) -> int:
         from .gpu import bench_gpu
 
         return bench_gpu(args)
+    elif args.kind == "peers":
+        from .peers import bench_peers
+
+        bench_peers(args)
     elif args.kind == "speakers":
         from .speakers import bench_speakers
 

@@ -4,10 +4,10 @@ A session owns its VAD state, the open segment's LocalAgreement, its transcript 
 schedule. It hands segments to the shared `Worker` and reports `partial`, `final` and `error`
 events through a callback, in segment order.
 
-Finals are speculative: as soon as a pause has lasted the VAD's after-padding, the segment's final
-audio is known, so it is queued then; if the pause reaches the minimum silence the segment closes
-with that job's result (final latency is about the minimum silence, not silence plus inference), and
-if speech resumes first the job is withdrawn.
+Finals are speculative: as soon as speech pauses, the segment's final audio is known (the after-padding
+not heard yet taken as silence), so it is queued then; if the pause reaches the minimum silence the
+segment closes with that job's result (final latency is about the minimum silence, not silence plus
+inference), and if speech resumes first the job is withdrawn.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 FIRST_PARTIAL_AFTER_S = 0.25
 """Speech a segment needs before its first partial (a segment opens after 30 ms; Whisper has nothing to say
 about that little)."""
+SPECULATE_AFTER_S = 0.0
+"""Pause before a segment's final is queued speculatively: at once, so that the engine's time overlaps the
+minimum silence that closes the segment instead of following it."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ class TranscriptionSession:
             heard.add_done_callback(lambda f, seg=event.segment: self._on_speakers(seg, f))
 
     def _speculate(self) -> None:
-        pending = self.segmenter.pending_end()
+        pending = self.segmenter.pending_end(SPECULATE_AFTER_S)
         spec = self._speculative
         if pending is None:
             if spec is not None:  # speech resumed: that pause was not the end
