@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.bench.client import stream_file
@@ -46,6 +47,10 @@ def test_metrics_follow_a_live_session(app, speech_dir):
     assert spoken <= heard <= spoken + 2.0 * len(finals), (heard, spoken)
     assert moved("realtime_audio_seconds_total", (("lane", "partial"),)) > 0
     assert 0 < after[("realtime_real_time_factor", ())] < 5
+    # the engine's time per lane: every batch's seconds counted once, in its lane
+    lanes = {lane: moved("realtime_engine_seconds_total", (("lane", lane),)) for lane in ("final", "partial", "file")}
+    assert lanes["final"] > 0 and lanes["partial"] > 0 and lanes["file"] == 0
+    assert sum(lanes.values()) == pytest.approx(moved("realtime_engine_batch_seconds_sum"))
     assert after[("realtime_engine_restarts_total", ())] == 0  # the embedded engine runs no process to restart
 
 

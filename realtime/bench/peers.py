@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..audio import SAMPLE_RATE, decode_file
-from .common import ROOT, _bundled_model, _free_port, _machine, write_outputs
+from .common import ROOT, _bundled_model, _cpu_seconds, _free_port, _machine, write_outputs
 
 PEERS_DIR = ROOT / ".venv-peers"
 CHUNK_S = 0.05
@@ -286,25 +286,23 @@ async def play_whisperlivekit(port: int, audio: np.ndarray) -> Trace:
 
 def _tree_cpu(pid: int) -> float:
     """CPU seconds of a process and its descendants."""
-    total, children = 0.0, {}
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            children.setdefault(int(fields[1]), []).append((int(entry.name), fields))
-    todo = [pid]
-    try:
-        own = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(own[11]) + int(own[12]))
-    except OSError:
-        return 0.0
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo = 0.0, [pid]
     while todo:
-        for child, fields in children.get(todo.pop(), []):
-            total += int(fields[11]) + int(fields[12])
-            todo.append(child)
-    return total / os.sysconf("SC_CLK_TCK")
+        p = todo.pop()
+        try:
+            total += _cpu_seconds(p)
+        except OSError:
+            continue
+        todo += children.get(p, [])
+    return total
 
 
 def ensure_env(name: str) -> Path:
@@ -348,6 +346,8 @@ class Server:
     proc: subprocess.Popen[bytes]
     play: Callable[[np.ndarray], Any]
     started_s: float
+    metrics_url: str | None = None
+    """This app's `/metrics`, read around each round for where its engine's time goes."""
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -378,7 +378,7 @@ def start(system: str, clients: int, out: Path, warmup_wav: Path, app_args: Sequ
 
         proc, port = _launch(clients, *app_args, log=log)
         url = f"http://127.0.0.1:{port}"
-        return Server(system, proc, lambda a: play_ours(url, a), time.monotonic() - t0)
+        return Server(system, proc, lambda a: play_ours(url, a), time.monotonic() - t0, f"{url}/metrics")
     port = _free_port()
     with log.open("wb") as sink:
         if system.startswith("whisperlive-"):
@@ -422,11 +422,39 @@ def _utterances(manifest: Path, seconds: float, out: Path) -> tuple[np.ndarray, 
     return decode_file(comp.path), utts, f"{len(picked)} real utterances ({total:.0f} s of speech), 1.2 s pauses"
 
 
-def _round(server: Server, audio: np.ndarray, n: int) -> tuple[list[Trace], float, float]:
-    """`n` clients of one server playing `audio` in step (0.3 s apart); their traces, the server's CPU cores and
-    this process's (the clients')."""
-    from .common import _cpu_seconds
+ENGINE_COUNTERS = ("realtime_finals_total", "realtime_partials_total", "realtime_partials_shed_total",
+                   "realtime_engine_seconds_total")
 
+
+def _counters(url: str | None) -> dict[str, float]:
+    """This app's job and engine-time counters (per lane), from its `/metrics`."""
+    if url is None:
+        return {}
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    return {s.name + (f":{s.labels['lane']}" if "lane" in s.labels else ""): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples if s.name in ENGINE_COUNTERS}
+
+
+def _engine_use(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float | None]:
+    """Where this app's engine time went in a round: seconds per final and per partial (a batch's seconds shared
+    by its jobs), partials per final, partials replaced before they ran, and the share of the round the engine
+    was busy (1: it never waited for work)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    finals, partials = d.get("realtime_finals_total", 0.0), d.get("realtime_partials_total", 0.0)
+    final_s, partial_s = (d.get(f"realtime_engine_seconds_total:{lane}", 0.0) for lane in ("final", "partial"))
+    return {"engine_s_per_final": round(final_s / finals, 3) if finals else None,
+            "engine_s_per_partial": round(partial_s / partials, 3) if partials else None,
+            "partials_per_final": round(partials / finals, 2) if finals else None,
+            "partials_shed": d.get("realtime_partials_shed_total", 0.0),
+            "engine_busy": round((final_s + partial_s) / wall, 2)}
+
+
+def _round(server: Server, audio: np.ndarray, n: int) -> tuple[list[Trace], float, float, dict[str, Any]]:
+    """`n` clients of one server playing `audio` in step (0.3 s apart); their traces, the server's CPU cores, this
+    process's (the clients') and, for this app, where its engine's time went."""
     async def one(i: int) -> Trace:
         await asyncio.sleep(0.3 * i)
         return await server.play(audio)
@@ -434,14 +462,18 @@ def _round(server: Server, audio: np.ndarray, n: int) -> tuple[list[Trace], floa
     async def all_clients() -> list[Trace]:
         return list(await asyncio.gather(*(one(i) for i in range(n))))
 
+    jobs0 = _counters(server.metrics_url)
     c0, own0, t0 = _tree_cpu(server.proc.pid), _cpu_seconds(os.getpid()), time.monotonic()
     traces = asyncio.run(all_clients())
     wall = time.monotonic() - t0
-    return traces, (_tree_cpu(server.proc.pid) - c0) / wall, (_cpu_seconds(os.getpid()) - own0) / wall
+    cores, own = (_tree_cpu(server.proc.pid) - c0) / wall, (_cpu_seconds(os.getpid()) - own0) / wall
+    engine = _engine_use(jobs0, _counters(server.metrics_url), wall) if server.metrics_url else {}
+    return traces, cores, own, engine
 
 
 def _row(traces: list[Trace], utts: list[Utterance]) -> dict[str, Any]:
     from .corpus import corpus_wer
+    from .stream import _pct
 
     norm = _normalizer()
     finals, shown, refs, hyp_final, hyp_shown, done, failed = [], [], [], [], [], 0, 0
@@ -455,9 +487,8 @@ def _row(traces: list[Trace], utts: list[Utterance]) -> dict[str, Any]:
         refs.append(" ".join(u.text for u in utts))
         hyp_final.append(s.final_text)
         hyp_shown.append(s.shown_text)
-    pct = lambda v, q: round(float(np.percentile(v, q)), 3) if v else None  # noqa: E731
-    return {"final_p50": pct(finals, 50), "final_p95": pct(finals, 95), "final_max": pct(finals, 100),
-            "shown_p50": pct(shown, 50), "wer": round(corpus_wer(refs, hyp_final), 4),
+    return {"final_p50": _pct(finals, 50), "final_p95": _pct(finals, 95), "final_max": _pct(finals, 100),
+            "shown_p50": _pct(shown, 50), "wer": round(corpus_wer(refs, hyp_final), 4),
             "wer_shown": round(corpus_wer(refs, hyp_shown), 4), "finalised": done,
             "utterances": len(utts) * len(traces), "failed_clients": failed}
 
@@ -471,7 +502,7 @@ def bench_peers(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {sorted(SYSTEMS)}")
     audio, utts, what = _utterances(Path(args.audio), args.seconds, out)
-    first = [u for u in utts[:3]]
+    first = utts[:3]
     cold_audio = audio[: int((first[-1].end + 1.0) * SAMPLE_RATE)]
     warm_wav = out / "peers-warmup.wav"
     import soundfile as sf
@@ -491,9 +522,9 @@ def bench_peers(args: argparse.Namespace) -> dict[str, Any]:
             for n in clients:
                 per_run = []
                 for _ in range(args.runs):
-                    traces, cores, client_cores = _round(server, audio, n)
+                    traces, cores, client_cores, engine = _round(server, audio, n)
                     per_run.append({**_row(traces, utts), "server_cores": round(cores, 2),
-                                    "client_cores": round(client_cores, 2)})
+                                    "client_cores": round(client_cores, 2), **engine})
                     errors = sorted({t.error for t in traces if t.error})
                     if errors:
                         print(json.dumps({"system": system, "clients": n, "errors": errors}), file=sys.stderr)
@@ -536,7 +567,16 @@ def _table(doc: dict[str, Any]) -> str:
     for system, c in doc["cold"].items():
         nxt = ", ".join(_s(x) for x in c["next_finals_s"])
         cold.append(f"| {SYSTEMS[system]} | {c['start_s']} s | {_s(c['first_final_s'])} | {nxt} |")
-    return head + "\n".join(rows) + "\n" + "\n".join(cold) + "\n"
+    ours = [r for r in sorted(doc["results"], key=lambda r: r["clients"]) if r.get("engine_busy") is not None]
+    engine = ["", "Where this app's engine time went (from its `/metrics`: the seconds of each lane's batches over the "
+              "jobs it delivered, speculative finals that speech took back included; busy: the share of the round "
+              "the engine was working):", "",
+              "| clients | engine s per final | engine s per partial | partials per final | partials replaced "
+              "before running | engine busy | server CPU |", "|---|---|---|---|---|---|---|"]
+    engine += [f"| {r['clients']} | {r['engine_s_per_final']} | {r['engine_s_per_partial']} | "
+               f"{r['partials_per_final']} | {r['partials_shed']} | {r['engine_busy']} | {r['server_cores']} |"
+               for r in ours]
+    return head + "\n".join(rows) + "\n" + "\n".join(cold) + "\n" + ("\n".join(engine) + "\n" if ours else "")
 
 
 def _chart(doc: dict[str, Any], path: Path) -> None:

@@ -71,8 +71,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running: list[Job] = []
-        self.on_batch: Callable[[int, float], None] | None = None
-        """Called after each engine batch with its size and seconds (realtime/web/metrics.py)."""
+        self.on_batch: Callable[[int, float, str], None] | None = None
+        """Called after each engine batch with its size, seconds and lane (realtime/web/metrics.py)."""
         self.on_idle: Callable[[], None] | None = None
         """Called on the event loop each time the queue empties (realtime/live/memory.py)."""
 
@@ -239,7 +239,7 @@ class Worker:
                 self._running = []
                 log.debug("batch of %d (%s) in %.3fs", len(batch), ",".join(j.kind[0] for j in batch), elapsed)
                 if self.on_batch is not None:
-                    self.on_batch(len(batch), elapsed)
+                    self.on_batch(len(batch), elapsed, batch[0].kind)
                 per = elapsed / len(batch)
                 ema = self.stats.engine_latency
                 self.stats.engine_latency = per if ema == 0 else 0.7 * ema + 0.3 * per

@@ -7,7 +7,7 @@ clash. What is measured, and where:
 - final latency (`FinalEvent.latency`: end of speech to final text) and first-partial latency (speech start
   event to the segment's first partial, wall clock) histograms: from the events every live session emits,
   observed by wrapping the session's callback in `TranscriptionService.open_session`;
-- engine batch size and seconds per batch: the worker's `on_batch` hook;
+- engine batch size and seconds per batch, and the engine's seconds per lane: the worker's `on_batch` hook;
 - real-time factor: the audio seconds of the jobs the engine completed, per lane (counted by wrapping the
   worker's `submit`), beside the engine's busy seconds (the batch seconds' sum); `realtime_real_time_factor`
   is their ratio since start (engine seconds per second of audio: under 1 keeps up), and
@@ -96,10 +96,13 @@ class Metrics:
                                 ["route", "method", "status"], registry=r)
         self.upload_bytes = Counter("realtime_api_upload_bytes", "bytes uploaded to the transcription API",
                                     registry=r)
+        self.engine_seconds = Counter("realtime_engine_seconds", "seconds the engine spent on batches, per lane "
+                                      "(final, partial, file)", ["lane"], registry=r)
         self.audio_seconds = Counter("realtime_audio_seconds", "seconds of audio in the jobs the engine completed, "
                                      "per lane (a partial counts the segment's audio so far)", ["lane"], registry=r)
         for lane in ("final", "partial", "file"):
             self.audio_seconds.labels(lane)
+            self.engine_seconds.labels(lane)
         self._busy_s = 0.0
         self._audio_s = 0.0
         Gauge("realtime_real_time_factor", "engine seconds per second of audio it transcribed, since start (below 1: "
@@ -137,9 +140,10 @@ class Metrics:
             worker.submit = counted_submit  # type: ignore[method-assign]
             self._hooked_worker = worker
 
-    def _on_batch(self, size: int, seconds: float) -> None:
+    def _on_batch(self, size: int, seconds: float, lane: str) -> None:
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
+        self.engine_seconds.labels(lane).inc(seconds)
         self._busy_s += seconds
 
     def _job_done(self, job: Job, future: asyncio.Future[Transcription]) -> None:
