@@ -4,10 +4,12 @@ A session owns its VAD state, the open segment's LocalAgreement, its transcript 
 schedule. It hands segments to the shared `Worker` and reports `partial`, `final` and `error`
 events through a callback, in segment order.
 
-Finals are speculative: as soon as speech pauses, the segment's final audio is known (the after-padding
-not heard yet taken as silence), so it is queued then; if the pause reaches the minimum silence the
-segment closes with that job's result (final latency is about the minimum silence, not silence plus
-inference), and if speech resumes first the job is withdrawn.
+Finals are speculative: once speech pauses, the segment's final audio is known, so it is queued then; if
+the pause reaches the minimum silence the segment closes with that job's result (final latency is about
+the minimum silence, not silence plus inference), and if speech resumes first the job is withdrawn. While
+the engine has no other session's work it is queued at the pause's first silent window (the after-padding
+not heard yet taken as silence); otherwise once the after-padding has been heard, so that the short dips
+inside sentences do not take a busy engine's time from other sessions.
 """
 
 from __future__ import annotations
@@ -38,9 +40,6 @@ log = logging.getLogger(__name__)
 FIRST_PARTIAL_AFTER_S = 0.25
 """Speech a segment needs before its first partial (a segment opens after 30 ms; Whisper has nothing to say
 about that little)."""
-SPECULATE_AFTER_S = 0.0
-"""Pause before a segment's final is queued speculatively: at once, so that the engine's time overlaps the
-minimum silence that closes the segment instead of following it."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ class TranscriptionSession:
             heard.add_done_callback(lambda f, seg=event.segment: self._on_speakers(seg, f))
 
     def _speculate(self) -> None:
-        pending = self.segmenter.pending_end(SPECULATE_AFTER_S)
+        pending = self.segmenter.pending_end(0.0)
         spec = self._speculative
         if pending is None:
             if spec is not None:  # speech resumed: that pause was not the end
@@ -158,6 +157,11 @@ class TranscriptionSession:
             return
         segment, end, audio = pending
         if spec is not None and spec.matches(segment, end):
+            return
+        padded = self.segmenter.pending_end()
+        if padded is not None:
+            audio = padded[2]
+        elif self.worker.busy_with_others(self.id):
             return
         if spec is not None:
             self.worker.cancel(spec.job)
