@@ -6,10 +6,11 @@ events through a callback, in segment order.
 
 Finals are speculative: once speech pauses, the segment's final audio is known, so it is queued then; if
 the pause reaches the minimum silence the segment closes with that job's result (final latency is about
-the minimum silence, not silence plus inference), and if speech resumes first the job is withdrawn. While
-the engine has no other session's work it is queued at the pause's first silent window (the after-padding
-not heard yet taken as silence); otherwise once the after-padding has been heard, so that the short dips
-inside sentences do not take a busy engine's time from other sessions.
+the minimum silence, not silence plus inference), and if speech resumes first the job is withdrawn. It is
+queued at the pause's first silent window (the after-padding not heard yet taken as silence), and only while
+the engine has no other session's work: on a busy engine the final waits in the queue anyway, and the short
+dips inside sentences would take the engine's time from other sessions; there it is queued when the segment
+closes.
 """
 
 from __future__ import annotations
@@ -158,11 +159,11 @@ class TranscriptionSession:
         segment, end, audio = pending
         if spec is not None and spec.matches(segment, end):
             return
+        if self.worker.busy_with_others(self.id):
+            return
         padded = self.segmenter.pending_end()
         if padded is not None:
             audio = padded[2]
-        elif self.worker.busy_with_others(self.id):
-            return
         if spec is not None:
             self.worker.cancel(spec.job)
         job = Job(self.id, segment, audio, "final", self.options)
