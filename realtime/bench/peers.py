@@ -585,7 +585,7 @@ def _chart(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     for system in dict.fromkeys(r["system"] for r in doc["results"]):
         rows = [r for r in doc["results"] if r["system"] == system and r["final_p95"] is not None]
         ax.plot([r["clients"] for r in rows], [r["final_p95"] for r in rows], marker="o", label=SYSTEMS[system])
@@ -594,7 +594,8 @@ def _chart(doc: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("concurrent clients (in step)")
     ax.set_ylabel("final p95, seconds (log)")
     ax.set_title(f"End of speech to final text, tiny.en, {doc['machine']}")
-    ax.legend(fontsize=8)
+    ax.set_xticks(sorted({r["clients"] for r in doc["results"]}))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
