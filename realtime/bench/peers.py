@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +165,19 @@ async def _paced(audio: np.ndarray, send: Callable[[np.ndarray], Any], t0: float
         await send(padded[start:start + step])
 
 
+async def _play_and_settle(audio: np.ndarray, send: Callable[[np.ndarray], Any], receive: Awaitable[None], t0: float,
+                           end: Callable[[], Awaitable[None]]) -> None:
+    """A WebSocket peer's session: read its messages while the audio is played, end the stream, then read on for
+    at most `SETTLE_S`."""
+    reader = asyncio.create_task(receive)
+    await _paced(audio, send, t0)
+    await end()
+    try:
+        await asyncio.wait_for(reader, SETTLE_S)
+    except TimeoutError:
+        pass
+
+
 async def play_ours(url: str, audio: np.ndarray) -> Trace:
     """Our WebRTC client (aiortc): finals are the `final` events, partials the open segments' latest text."""
     from .client import stream_file
@@ -230,13 +243,7 @@ async def play_whisperlive(port: int, audio: np.ndarray, model: str) -> Trace:
                     final = " ".join(completed[k] for k in sorted(completed))
                     trace.add(time.monotonic() - t0, final, " ".join([final, *pending]).strip())
 
-            reader = asyncio.create_task(receive())
-            await _paced(audio, send, t0)
-            await ws.send(b"END_OF_AUDIO")
-            try:
-                await asyncio.wait_for(reader, SETTLE_S)
-            except TimeoutError:
-                pass
+            await _play_and_settle(audio, send, receive(), t0, lambda: ws.send(b"END_OF_AUDIO"))
     except Exception as exc:
         trace.error = f"{type(exc).__name__}: {exc}"
     return trace
@@ -269,13 +276,7 @@ async def play_whisperlivekit(port: int, audio: np.ndarray) -> Trace:
                     trace.add(time.monotonic() - t0, final,
                               " ".join([final, msg.get("buffer_transcription", "").strip()]).strip())
 
-            reader = asyncio.create_task(receive())
-            await _paced(audio, send, t0)
-            await ws.send(b"")
-            try:
-                await asyncio.wait_for(reader, SETTLE_S)
-            except TimeoutError:
-                pass
+            await _play_and_settle(audio, send, receive(), t0, lambda: ws.send(b""))
     except Exception as exc:
         trace.error = f"{type(exc).__name__}: {exc}"
     return trace
