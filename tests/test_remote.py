@@ -181,6 +181,26 @@ def test_slow_reply_times_out_and_is_retried_once(endpoint):
     assert second["t"] - first["t"] < 3.0, "the retry went out only after the slow reply instead of timing out"
 
 
+@pytest.mark.fast
+def test_a_long_clip_has_its_duration_on_top_of_the_read_timeout(endpoint):
+    """A file's long window may take real time on a busy CPU endpoint: before, any reply later than `timeout` was
+    a failure, and a few in a row opened the circuit for the whole file."""
+    endpoint.script.extend(["slow:1.5", "slow:1.5"])
+
+    async def scenario():
+        engine = await started([endpoint.url], timeout=0.5, retries=0, backoff_base=0.05)
+        try:
+            long = await engine.transcribe(segment_audio(6, seconds=2.0), FINAL)
+            with pytest.raises(EndpointUnavailable, match="timed out"):
+                await engine.transcribe(segment_audio(7), FINAL)
+            return long
+        finally:
+            await engine.close()
+
+    long = run(scenario())
+    assert long.text == "segment 6" and long.extra["attempts"] == 1
+
+
 def test_partials_are_tried_once_and_never_sent_to_the_fallback(endpoint, engine):
     endpoint.script.extend(["500", "ok"])
 

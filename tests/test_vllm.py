@@ -39,8 +39,8 @@ from realtime.live.transcribe import transcribe_file
 from realtime.live.worker import Job, Worker
 
 from conftest import BASE, ROOT, App, gone, launch, stop
+from real_speech import base_clips, corpus_wer, loops
 from real_speech import clips as real_clips
-from real_speech import corpus_wer, loops
 from speech import SENTENCES, compose, wer
 
 T = TypeVar("T")
@@ -285,10 +285,11 @@ class TestEngine:
                     assert wer(other, result.text) > 0.7, "texts were mixed"
         assert run(engine.service_health())["stats"]["peak_running"] >= max(before, 2)
 
+    @pytest.mark.timeout(1500)  # its setup may be the run's first ask for fw_base (faster-whisper, base float32)
     def test_real_speech_against_faster_whisper_on_the_same_weights(self, run, engine, fw_base):
         """The file path on the vLLM engine over real recordings, beside faster-whisper's own `transcribe` on the
         CTranslate2 weights it was converted from; no loops, no answer empty where faster-whisper has words."""
-        picked = real_clips({"short", "read"}, longest=12.0)
+        picked = base_clips()
         fw_texts = [fw_base[c.name] for c in picked]
         ours = [" ".join(e.text for e in run(transcribe_file(c.path, engine, options=TranscribeOptions(language="en"),
                                                              window_s=WINDOW_S)) if e.text) for c in picked]

@@ -12,9 +12,9 @@ Hugging Face Inference Endpoints, OpenAI, or another instance of this app.
 - vLLM's server (its `/v1/models` says `owned_by: vllm`) gets no `prompt`: it puts `<|prev|>`, which is no
   Whisper token, before the prompt instead of `<|startofprev|>` (vllm#53206, open in 0.33), and Whisper then
   loops on a word until the token limit. The prompt is dropped with a warning; the transcript stays right.
-- Connect and read timeouts; retries with exponential backoff and jitter on connection errors,
-  timeouts, dropped connections, malformed replies, 429 and 5xx; `Retry-After` is honoured (the endpoint is
-  not used again before then); a bound on requests in flight.
+- Connect and read timeouts (the read timeout grows by the clip's duration: `read_timeout`); retries with
+  exponential backoff and jitter on connection errors, timeouts, dropped connections, malformed replies, 429 and
+  5xx; `Retry-After` is honoured (the endpoint is not used again before then); a bound on requests in flight.
 - Back-pressure is not failure: a 429, or a 503 with Retry-After (this app's answer when its `--api-max-requests`
   are running), rests the endpoint until then and the request waits and tries again, for up to `busy_wait`
   seconds without using up its retries; such answers never open the circuit.
@@ -335,6 +335,11 @@ class RemoteEngine(EngineBase):
             raise EndpointUnavailable(f"remote endpoint unavailable ({errors}); retry in {hint:.0f} s", hint)
 
     # -- requests
+    def read_timeout(self, audio: np.ndarray) -> float:
+        """`timeout` plus the clip's own duration: an endpoint that decodes on a busy CPU may need real time for a
+        file's long window, and is not failing while it does."""
+        return self.timeout + audio.size / SAMPLE_RATE
+
     def _backoff(self, attempt: int) -> float:
         """Exponential backoff with jitter: half the step for sure, the other half at random."""
         step = min(self.backoff_max, self.backoff_base * 2**attempt)
@@ -359,12 +364,14 @@ class RemoteEngine(EngineBase):
                 t0 = time.perf_counter()
                 ep.in_flight += 1
                 ep.requests += 1
+                read = self.read_timeout(audio)
+                whole = read * 2 + self.connect_timeout
                 try:
-                    send = (self._send_realtime(ep, audio, options, deltas.attempt()) if realtime
-                            else self._send(ep, wav, options, deltas.attempt()))
-                    result = await asyncio.wait_for(send, self.timeout * 2 + self.connect_timeout)
+                    send = (self._send_realtime(ep, audio, options, deltas.attempt(), read) if realtime
+                            else self._send(ep, wav, options, deltas.attempt(), read))
+                    result = await asyncio.wait_for(send, whole)
                 except TimeoutError:
-                    last = _Retryable(f"no complete reply within {self.timeout * 2 + self.connect_timeout:.0f} s")
+                    last = _Retryable(f"no complete reply within {whole:.0f} s")
                     self._failure(ep, last)
                     attempt += 1
                     continue
@@ -392,7 +399,7 @@ class RemoteEngine(EngineBase):
         raise EndpointUnavailable(f"remote endpoint failed after {sent} attempt(s): {last}", self._wait_hint())
 
     async def _send(self, ep: Endpoint, wav: bytes, options: TranscribeOptions,
-                    on_delta: Callable[[str], None]) -> Transcription:
+                    on_delta: Callable[[str], None], read: float) -> Transcription:
         assert self._client is not None
         url = ep.translate_url if options.task == "translate" else ep.url
         data: dict[str, str] = {}
@@ -425,7 +432,8 @@ class RemoteEngine(EngineBase):
         if options.coverage and options.timestamps and ep.owner == APP_OWNER and data.get("response_format"):
             headers[CLIP_HEADER] = "checked"  # decoded whole, as that instance's file path decodes a window
         try:
-            async with self._client.stream("POST", url, data=data, files=files, headers=headers) as r:
+            async with self._client.stream("POST", url, data=data, files=files, headers=headers,
+                                           timeout=httpx.Timeout(read, connect=self.connect_timeout)) as r:
                 if r.status_code != 200:
                     await r.aread()
                     message = f"{r.status_code} {_error_message(r)}"
@@ -453,7 +461,7 @@ class RemoteEngine(EngineBase):
                 and audio.size <= REALTIME_MAX_S * SAMPLE_RATE)
 
     async def _send_realtime(self, ep: Endpoint, audio: np.ndarray, options: TranscribeOptions,
-                             on_delta: Callable[[str], None]) -> Transcription:
+                             on_delta: Callable[[str], None], read: float) -> Transcription:
         """One clip over the endpoint's Realtime API WebSocket: manual commit, deltas until `.completed`."""
         import soxr
         import websockets
@@ -486,7 +494,7 @@ class RemoteEngine(EngineBase):
                                           max_size=16 * 2**20, close_timeout=1.0) as ws:
 
                 async def event() -> dict[str, Any]:
-                    raw = await asyncio.wait_for(ws.recv(), self.timeout)
+                    raw = await asyncio.wait_for(ws.recv(), read)
                     try:
                         doc = json.loads(raw)
                     except ValueError:
