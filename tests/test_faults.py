@@ -181,12 +181,15 @@ def _openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- a misbehaving remote endpoint
 REMOTE_FAULTS = {
     "drop-mid": ("RemoteProtocolError", "the reply is cut short"),
-    "slow:4": ("timed out", "the reply comes after the read timeout"),
-    "trickle:0.3": ("no complete reply", "each byte in time, the reply past the deadline"),
+    "slow:12": ("timed out", "the reply comes after the read timeout (the timeout and the clip's duration)"),
+    "trickle:1": ("no complete reply", "each byte in time, the reply past the deadline"),
     "garbage": ("malformed", "random bytes"),
     "html": ("malformed", "a proxy's page"),
     "wrongjson": ("without text", "JSON in another shape"),
 }
+LATE_FAULTS = {"slow:12": 12.0, "trickle:1": 25.0}
+"""Faults that become an error only after two read deadlines (each the timeout plus the clip's duration): the third
+sentence comes after this long a pause, once the endpoint has recovered."""
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +218,8 @@ def _healthy(app: App) -> None:
 def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(fault, remote_app, speech_dir):
     app, endpoint = remote_app
     cause = REMOTE_FAULTS[fault][0]
-    speech = compose(speech_dir / "faults-remote.wav", SENTENCES[:3], gaps=[2.0, 2.0], tail=0.5)
+    gap = LATE_FAULTS.get(fault, 2.0)
+    speech = compose(speech_dir / f"faults-remote-{gap:.0f}.wav", SENTENCES[:3], gaps=[2.0, gap], tail=0.5)
     _healthy(app)
     endpoint.default = fault
     try:

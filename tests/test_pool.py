@@ -214,9 +214,10 @@ def test_every_response_format_and_streaming_through_the_pool(pool: Pool):
 def test_a_long_recording_through_the_pool_is_transcribed_as_the_embedded_engine_does(pool: Pool, front: App,
                                                                                      app: App, tmp_path: Path):
     """9.5 minutes of real speech (every clip of tests/data joined) to the front end, whose remote engine is the
-    pool, and to an app on the embedded engine: at most half a point above it, each packed window decoded whole
-    by a replica and checked for coverage by the front end (realtime/live/coverage.py; the lost stretches are
-    printed)."""
+    pool, and to an app on the embedded engine: at most a point above it, each packed window decoded whole by a
+    replica and checked for coverage by the front end (realtime/live/coverage.py; the lost stretches are printed).
+    A point, as for another instance (tests/test_remote.py): a window whose greedy decode is rejected is sampled,
+    and the draws follow the order the windows reach the replicas."""
     comp = long_recording(tmp_path / "long.wav")
     texts = {}
     for name, target in (("pool", front), ("embedded", app)):
@@ -227,7 +228,7 @@ def test_a_long_recording_through_the_pool_is_transcribed_as_the_embedded_engine
     lost = {k: lost_runs(comp.text, v) for k, v in texts.items()}
     print(f"\nlong recording, WER: {', '.join(f'{k} {100 * v:.2f} %' for k, v in figures.items())}; stretches of 5+ "
           f"words lost: { {k: len(v) for k, v in lost.items()} }")
-    assert figures["pool"] <= figures["embedded"] + 0.005  # no worse by more than half a point (better is no loss)
+    assert figures["pool"] <= figures["embedded"] + 0.01  # no worse by more than a point (better is no loss)
 
 
 def _check_live(live_speech: Compilation, events: list[dict[str, Any]]) -> str:

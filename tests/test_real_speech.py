@@ -90,6 +90,7 @@ def check_against(refs: list[str], fw: list[str], *paths: list[str], margin: flo
 
 
 @pytest.mark.xdist_group("real-speech-files")
+@pytest.mark.timeout(1200)  # every clip twice, beside the long recordings of the pool and remote groups
 def test_file_paths_on_real_speech_tiny_en(engine, real, fw_tiny):
     """Text answers (windows, no timestamps) and timed ones (srt, vtt, verbose_json: Whisper's timestamps)."""
     refs, fw = [c.text for c in real], [fw_tiny[c.name] for c in real]
