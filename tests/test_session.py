@@ -177,3 +177,42 @@ def test_a_pause_shorter_than_min_silence_keeps_one_segment(service, speech_dir)
     assert len(finals) == 1, finals
     assert wer(speech.text, finals[0]["text"]) <= 0.2
     assert len(snapshot.entries) == 1
+
+
+@pytest.mark.fast
+def test_a_final_is_queued_at_the_pause_only_while_the_engine_has_no_other_sessions_work():
+    """Speculative finals: at the first silent window while the engine is free for this session (the engine's time
+    then overlaps the minimum silence); while another session's work waits, only when the segment closes (short
+    dips inside sentences must not take a busy engine's time)."""
+    from fake_engine import ScriptedEngine
+
+    from realtime.live.session import TranscriptionSession
+    from realtime.live.vad import WINDOW
+    from realtime.live.worker import Job, Worker
+
+    class Replay:
+        def __init__(self, probabilities: list[float]) -> None:
+            self.probabilities = iter(probabilities)
+
+        def new_state(self) -> None:
+            return None
+
+        def __call__(self, window: np.ndarray, state: None) -> float:
+            return next(self.probabilities)
+
+    async def silent_windows_before_queued(busy: bool) -> int | None:
+        worker = Worker(ScriptedEngine())  # not started: what is queued stays queued
+        if busy:
+            worker.submit(Job("other", 0, np.zeros(16000, np.float32), "final"))
+        probs = [0.9] * 40 + [0.1] * 30
+        session = TranscriptionSession("me", worker, lambda e: None, vad_model=Replay(probs))
+        tone = np.full(WINDOW, 0.05, dtype=np.float32)
+        for i in range(len(probs)):
+            session.feed(tone)
+            if any(j.session == "me" and j.kind == "final" for j in worker._finals):
+                return i - 40
+        return None
+
+    assert asyncio.run(silent_windows_before_queued(busy=False)) == 0
+    waited = asyncio.run(silent_windows_before_queued(busy=True))
+    assert waited is not None and (waited + 1) * WINDOW / 16000 >= 0.4  # the pause heard by then: the close

@@ -169,3 +169,31 @@ def test_recorded_probabilities_long_speech_is_cut_at_its_quietest_window():
     for a, b in itertools.pairwise(ends):
         assert b.start == pytest.approx(a.end), "a forced cut loses nothing"
     assert ends[-1].end == pytest.approx((3 + n) * w) and not ends[-1].forced
+
+
+@pytest.mark.fast
+def test_a_pause_gives_the_final_audio_at_once_with_the_padding_not_heard_yet_as_silence():
+    """What a speculative final is queued with: at the first silent window the segment's audio as it will close,
+    the same length as the `SegmentEnd`'s, the after-padding not heard yet as zeros; without `after_s` only once
+    the after-padding has been heard."""
+    probs = [0.1] * 10 + [0.9] * 30 + [0.1] * 60
+    seg = Segmenter(model=Replay(probs))
+    tone = np.full(WINDOW, 0.05, dtype=np.float32)
+    pending, waited = [], []
+    for _ in range(41):  # speech, then one silent window
+        seg.feed(tone)
+    early = seg.pending_end(0.0)
+    assert early is not None and seg.pending_end() is None
+    segment, end, audio = early
+    assert end == pytest.approx(40 * WINDOW / 16000)
+    heard = audio[audio != 0].size
+    for _ in range(windows(0.2)):
+        seg.feed(tone)
+        pending.append(seg.pending_end())
+        waited.append(seg.pending_end(0.0))
+    assert pending[-1] is not None and pending[-1][:2] == (segment, end)
+    assert all(w is not None and w[:2] == (segment, end) for w in waited)
+    closed = [e for _ in range(30) for e in seg.feed(tone) if isinstance(e, SegmentEnd)]
+    assert len(closed) == 1 and closed[0].audio.size == audio.size == pending[-1][2].size
+    assert np.array_equal(audio[:heard], closed[0].audio[:heard]) and heard < audio.size
+    assert np.array_equal(pending[-1][2], closed[0].audio)

@@ -4,10 +4,13 @@ A session owns its VAD state, the open segment's LocalAgreement, its transcript 
 schedule. It hands segments to the shared `Worker` and reports `partial`, `final` and `error`
 events through a callback, in segment order.
 
-Finals are speculative: as soon as a pause has lasted the VAD's after-padding, the segment's final
-audio is known, so it is queued then; if the pause reaches the minimum silence the segment closes
-with that job's result (final latency is about the minimum silence, not silence plus inference), and
-if speech resumes first the job is withdrawn.
+Finals are speculative: once speech pauses, the segment's final audio is known, so it is queued then; if
+the pause reaches the minimum silence the segment closes with that job's result (final latency is about
+the minimum silence, not silence plus inference), and if speech resumes first the job is withdrawn. It is
+queued at the pause's first silent window (the after-padding not heard yet taken as silence), and only while
+the engine has no other session's work: on a busy engine the final waits in the queue anyway, and the short
+dips inside sentences would take the engine's time from other sessions; there it is queued when the segment
+closes.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ class TranscriptionSession:
             heard.add_done_callback(lambda f, seg=event.segment: self._on_speakers(seg, f))
 
     def _speculate(self) -> None:
-        pending = self.segmenter.pending_end()
+        pending = self.segmenter.pending_end(0.0)
         spec = self._speculative
         if pending is None:
             if spec is not None:  # speech resumed: that pause was not the end
@@ -156,6 +159,11 @@ class TranscriptionSession:
         segment, end, audio = pending
         if spec is not None and spec.matches(segment, end):
             return
+        if self.worker.busy_with_others(self.id):
+            return
+        padded = self.segmenter.pending_end()
+        if padded is not None:
+            audio = padded[2]
         if spec is not None:
             self.worker.cancel(spec.job)
         job = Job(self.id, segment, audio, "final", self.options)

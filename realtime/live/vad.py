@@ -186,15 +186,21 @@ class Segmenter:
         """Speech in the open segment has stopped (perhaps only for a moment)."""
         return self._silence_from is not None
 
-    def pending_end(self) -> tuple[int, float, np.ndarray] | None:
-        """While speech has paused for at least the after-padding: (segment, end, audio) as the segment would
-        close now. If the pause lasts `min_silence_ms`, the `SegmentEnd` carries exactly this end and audio."""
+    def pending_end(self, after_s: float | None = None) -> tuple[int, float, np.ndarray] | None:
+        """While speech has paused for at least `after_s` (default: the after-padding): (segment, end, audio) as
+        the segment would close now. If the pause lasts `min_silence_ms`, the `SegmentEnd` carries exactly this
+        end, and this audio except that here the after-padding not heard yet is silence (zeros)."""
         if not self.announced or self._silence_from is None or self._buf is None:
             return None
-        if self.samples - self._silence_from < self._pad_after:
+        wait = self._pad_after if after_s is None else min(self._pad_after, int(after_s * SAMPLE_RATE))
+        if self.samples - self._silence_from < wait:
             return None
         cut = self._silence_from + self._pad_after
-        return self._index, self._silence_from / SAMPLE_RATE, self._buf.view(0, cut - self._buf_origin)
+        heard = min(self.samples, cut)
+        audio = self._buf.view(0, heard - self._buf_origin)
+        if heard < cut:
+            audio = np.concatenate([audio, np.zeros(cut - heard, dtype=np.float32)])
+        return self._index, self._silence_from / SAMPLE_RATE, audio
 
     def feed(self, audio: np.ndarray) -> list[VADEvent]:
         events: list[VADEvent] = []

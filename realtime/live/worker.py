@@ -125,6 +125,11 @@ class Worker:
         self._wake.set()
         return job.future
 
+    def busy_with_others(self, session: str) -> bool:
+        """Whether any other session's job is queued or running."""
+        return any(j.session != session for j in (*self._finals, *self._files, *self._partials.values(),
+                                                     *self._running))
+
     def cancel(self, job: Job) -> None:
         """Withdraw one queued job (a speculative final whose pause turned out to be mid-sentence)."""
         if job in self._finals:
