@@ -409,31 +409,53 @@ def test_engine_killed_mid_stream_is_restarted_and_loses_no_segment(cache_dir, s
     engine = service.engine
     assert isinstance(engine, VllmEngine)
     events: list[dict[str, Any]] = []
+    first_end = int((speech.spans[0][1] + 1.0) * 16000)
+
+    async def caught() -> bool:
+        """A final held in the engine: with a final in flight the engine process is stopped, and if after a
+        while its reply has still not come (a reply sent before the stop is read meanwhile), it never left."""
+        if engine.in_flight["final"] == 0:
+            return False
+        pid = engine.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        await asyncio.sleep(0.5)
+        if engine.in_flight["final"] > 0:
+            return True
+        os.kill(pid, signal.SIGCONT)
+        return False
 
     async def scenario() -> int:
         await service.start()
         session = service.open_session("crash", lambda e: events.append(e.as_dict()))
-        chunk, first_end = 320, int((speech.spans[0][1] + 1.0) * 16000)
-        decoding = False  # watched every frame: a quiet machine may decode the final within the pause
-        fed = 0
-        while fed < first_end and not decoding:  # the first sentence and its pause, at 4x real time
-            session.feed(audio[fed : fed + chunk])
-            fed += chunk
-            await asyncio.sleep(0.005)
-            decoding = engine.in_flight["final"] > 0
-        deadline = time.monotonic() + 120
-        while not decoding and time.monotonic() < deadline:
-            assert not [e for e in events if e["type"] == "final"], "the final was decoded between two looks"
-            await asyncio.sleep(0.002)
-            decoding = engine.in_flight["final"] > 0
-        assert decoding, "no final was sent to the engine"  # its final is being decoded...
-        victim = engine.pid
-        assert victim is not None
-        os.kill(victim, signal.SIGKILL)  # ...when the engine process dies
+        chunk, fed, flushed = 320, 0, False
+        victim: int | None = None
+        for k, (_, end) in enumerate(speech.spans):  # each sentence and the pause that closes it, at 4x real time
+            stop_at = min(audio.size, int((end + 0.6) * 16000))
+            while fed < stop_at:
+                session.feed(audio[fed : fed + chunk])
+                fed += chunk
+                await asyncio.sleep(0.005)
+            if fed >= audio.size:
+                session.flush()
+                flushed = True
+            deadline = time.monotonic() + 120
+            while victim is None and time.monotonic() < deadline:
+                if any(e["type"] == "final" and e["segment"] == k for e in events):
+                    break  # decoded before it was caught: the next sentence's
+                if await caught():
+                    victim = engine.pid
+                else:
+                    await asyncio.sleep(0.002)
+            if victim is not None:
+                break
+        assert victim is not None, "no final was caught in the engine"
+        os.kill(victim, signal.SIGKILL)  # its final is being decoded when the engine process dies
         for i in range(fed, audio.size, chunk):
             session.feed(audio[i : i + chunk])
             await asyncio.sleep(0.005)
-        session.flush()
+        if not flushed:
+            session.flush()
         deadline = time.monotonic() + 360
         while len([e for e in events if e["type"] in ("final", "error")]) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
