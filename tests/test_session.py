@@ -190,15 +190,7 @@ def test_a_final_is_queued_at_the_pause_only_while_the_engine_has_no_other_sessi
     from realtime.live.vad import WINDOW
     from realtime.live.worker import Job, Worker
 
-    class Replay:
-        def __init__(self, probabilities: list[float]) -> None:
-            self.probabilities = iter(probabilities)
-
-        def new_state(self) -> None:
-            return None
-
-        def __call__(self, window: np.ndarray, state: None) -> float:
-            return next(self.probabilities)
+    from recorded_vad import Replay
 
     async def silent_windows_before_queued(busy: bool) -> int | None:
         worker = Worker(ScriptedEngine())  # not started: what is queued stays queued

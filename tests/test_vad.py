@@ -11,6 +11,7 @@ import pytest
 from realtime.audio import decode_file
 from realtime.live.vad import WINDOW, SegmentEnd, Segmenter, SegmentStart, VADConfig
 
+from recorded_vad import Replay
 from speech import SENTENCES, compose
 
 
@@ -94,19 +95,6 @@ def test_invalid_config_is_refused():
         VADConfig(threshold=0.3, neg_threshold=0.5)
     with pytest.raises(ValueError):
         VADConfig(max_segment_s=45)
-
-
-class Replay:
-    """Silero's place taken by recorded probabilities, one per 512-sample window: the segmenter's rules alone."""
-
-    def __init__(self, probabilities: list[float]) -> None:
-        self.probabilities = iter(probabilities)
-
-    def new_state(self) -> None:
-        return None
-
-    def __call__(self, window: np.ndarray, state: None) -> float:
-        return next(self.probabilities)
 
 
 def replay(probabilities: list[float], config: VADConfig | None = None) -> list:
