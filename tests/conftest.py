@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -126,31 +127,89 @@ def engine():
 
 
 @pytest.fixture(scope="session")
-def base_ct2(shared: Path) -> str:
-    """The multilingual base package as a CTranslate2 directory (its parts joined once)."""
-    from realtime.bench.common import _ct2_dir
+def base_ct2() -> str:
+    """The multilingual base package as a CTranslate2 directory (its parts joined once into the user's cache, as
+    `--model base` finds it)."""
+    from references import base
 
-    return str(_ct2_dir(BASE, shared / "ct2-base"))
+    return base()
+
+
+def recorded(shared: Path, name: str) -> Any:
+    """faster-whisper's reference `name` (tests/references.py): its record for this machine, or, where none
+    matches, computed once in this run (every test that reads it warns that it was)."""
+    from references import ReferenceRecomputed, reference
+
+    work = shared / "references"
+    with FileLock(f"{work}.lock"):
+        ref = reference(name, work)
+    found = ref.recorded()
+    if found is not None:
+        return found
+    warnings.warn(ReferenceRecomputed(f"faster-whisper reference {name!r} computed in this run: no record for "
+                                      f"{ref.key['cpu']} with these packages (`python tests/references.py` writes "
+                                      "one)"), stacklevel=2)
+    return once(shared, f"reference-{name}", ref.produce)
 
 
 @pytest.fixture(scope="session")
 def fw_tiny(shared: Path) -> dict[str, str]:
-    """faster-whisper's transcript of every real clip on the bundled tiny.en (int8), by clip name: one run shared
-    by the tests that compare with it."""
-    from realtime.engines.embedded import resolve_model
-
-    from real_speech import clips, faster_whisper_texts
-
-    return once(shared, "fw-tiny", lambda: faster_whisper_texts(resolve_model(None)[0], "int8", clips()))
+    """faster-whisper's transcript of every real clip on the bundled tiny.en (int8), by clip name."""
+    return recorded(shared, "fw-tiny")
 
 
 @pytest.fixture(scope="session")
-def fw_base(shared: Path, base_ct2: str) -> dict[str, str]:
-    """The same on the multilingual base (float32) over `base_clips()`, shared by the embedded and the vLLM engine's
-    tests."""
-    from real_speech import base_clips, faster_whisper_texts
+def fw_base(shared: Path) -> dict[str, str]:
+    """The same on the multilingual base (float32) over `base_clips()`."""
+    return recorded(shared, "fw-base")
 
-    return once(shared, "fw-base", lambda: faster_whisper_texts(base_ct2, "float32", base_clips()))
+
+@pytest.fixture(scope="session")
+def readings(shared: Path) -> dict[str, dict[str, str]]:
+    """The embedded engine's reading (tiny.en int8, the app's default) of every real clip, one file each: "text"
+    (packed windows, as json and text are decoded) and "timed" (Whisper's timestamps, as srt, vtt and verbose_json
+    are), by clip name. Computed once per run, by a fresh engine (sampled retries draw in the order asked), and
+    read by every test that compares a path with it."""
+
+    def produce() -> dict[str, dict[str, str]]:
+        from realtime.engines.embedded import EmbeddedEngine
+
+        from real_speech import clips, transcribe_clips
+
+        engine = EmbeddedEngine()
+        engine.load()
+        real = clips()
+        return {kind: dict(zip((c.name for c in real), transcribe_clips(engine, [c.path for c in real], timed),
+                               strict=True)) for kind, timed in (("text", False), ("timed", True))}
+
+    return once(shared, "readings-tiny", produce)
+
+
+@pytest.fixture(scope="session")
+def long_speech(shared: Path) -> Any:
+    """The long recording (tests/real_speech.py: every clip joined, about 9.5 minutes), written once per run."""
+    from real_speech import long_recording
+
+    path = shared / "long.wav"
+    with FileLock(str(path) + ".lock"):
+        return long_recording(path)
+
+
+@pytest.fixture(scope="session")
+def long_reading(shared: Path, long_speech: Any) -> dict[str, str]:
+    """The embedded engine's "text" and "timed" reading of the long recording, computed once per run."""
+
+    def produce() -> dict[str, str]:
+        from realtime.engines.embedded import EmbeddedEngine
+
+        from real_speech import transcribe_clips
+
+        engine = EmbeddedEngine()
+        engine.load()
+        return {kind: transcribe_clips(engine, [long_speech.path], timed)[0]
+                for kind, timed in (("text", False), ("timed", True))}
+
+    return once(shared, "reading-long", produce)
 
 
 def free_port() -> int:
@@ -251,8 +310,9 @@ def stop(app: App) -> None:
         app.proc.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    """The app with default settings, launched once per worker and shared by its tests."""
     a = launch(tmp_path_factory.mktemp("app"))
     yield a
     stop(a)

@@ -6,6 +6,8 @@ Sources and licences are in tests/data/README.md. `quiet_copy` makes the quiet-m
 
 from __future__ import annotations
 
+import asyncio
+import csv
 import difflib
 import re
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import soundfile as sf
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.bench.corpus import Clip, Compilation, compilation, corpus_wer, loops, lost_runs, read_manifest
 from realtime.bench.synth import wer
+from realtime.engines import Engine
 
 DATA = Path(__file__).resolve().parent / "data"
 MANIFEST = DATA / "manifest.tsv"
@@ -40,16 +43,22 @@ def quiet_copy(clip: Clip, path: Path, peak_dbfs: float = -45.0) -> Path:
     return path
 
 
-def faster_whisper_texts(model: str, compute_type: str, items: list[Clip]) -> dict[str, str]:
-    """faster-whisper's own `transcribe` of each clip (`beam_size=1, vad_filter=True`), by clip name."""
-    from faster_whisper import WhisperModel
+def transcribe_clips(engine: Engine, paths: list[Path], timestamps: bool) -> list[str]:
+    """The file path's text of each file, one file at a time (timed: Whisper's timestamps, as srt, vtt and
+    verbose_json are decoded; else packed windows, as json and text are)."""
+    from realtime.config import WINDOW_S
+    from realtime.engines import TranscribeOptions
+    from realtime.live.transcribe import transcribe_file
 
-    fw = WhisperModel(model, device="cpu", compute_type=compute_type, cpu_threads=2)
-    out = {}
-    for clip in items:
-        segments, _ = fw.transcribe(str(clip.path), beam_size=1, vad_filter=True, language="en")
-        out[clip.name] = " ".join(s.text.strip() for s in segments)
-    return out
+    async def run() -> list[str]:
+        texts = []
+        for path in paths:
+            entries = await transcribe_file(path, engine, options=TranscribeOptions(timestamps=timestamps),
+                                            window_s=WINDOW_S)
+            texts.append(" ".join(e.text for e in entries if e.text))
+        return texts
+
+    return asyncio.run(run())
 
 
 def norm_word(word: str) -> str:
@@ -71,8 +80,65 @@ def long_recording(path: Path) -> Compilation:
     return compilation(clips(), path, gap=0.8)
 
 
-__all__ = ["DATA", "MANIFEST", "Clip", "Compilation", "clips", "compilation", "corpus_wer", "faster_whisper_texts",
-           "long_recording", "loops", "lost_runs", "matched_starts", "norm_word", "quiet_copy", "wer"]
+SEVERAL = ("jfk.flac", "librivox-sense-and-sensibility-01-0870.flac", "librivox-sense-and-sensibility-01-0890.flac",
+           "speechbrain-spk1_snt1.flac")
+
+
+def several_speakers(path: Path) -> Compilation:
+    """Four people's recordings one after another in one file (a window that must keep every speaker)."""
+    by_name = {c.name: c for c in clips()}
+    return compilation([by_name[n] for n in SEVERAL], path)
+
+
+LIVE_SECONDS = 180.0
+
+
+def live_clips() -> list[Clip]:
+    """Real utterances of up to 12 s (short, read and spontaneous speech), about three minutes in all."""
+    picked, total = [], 0.0
+    for clip in clips():
+        if clip.condition in ("short", "read", "spontaneous") and clip.duration <= 12 and \
+                total + clip.duration <= LIVE_SECONDS:
+            picked.append(clip)
+            total += clip.duration
+    return picked
+
+
+def live_recording(path: Path) -> Compilation:
+    """`live_clips` with 1.2 s pauses: one person speaking with pauses, streamed live."""
+    return compilation(live_clips(), path)
+
+
+WORD_CLIPS = ("jfk.flac", "librispeech-1272-128104-0004-8k.flac", "mfa-cold_corpus.flac",
+              "librivox-shakespeare-sonnet-001.flac")
+"""Read, telephone (8 kHz), spontaneous and long (several windows) speech, for word timestamps."""
+
+
+def word_clips() -> list[Path]:
+    return [DATA / n for n in WORD_CLIPS]
+
+
+LANGUAGES = DATA / "languages"
+ENGLISH = ("jfk.flac", "librispeech-1272-141231-0002.flac")
+
+
+@dataclass(frozen=True)
+class Recording:
+    path: Path
+    language: str
+
+
+def recordings() -> list[Recording]:
+    """Recordings of one language each (tests/data/languages, and two English clips), with that language."""
+    with (LANGUAGES / "manifest.tsv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f, delimiter="\t") if "," not in r["language"]]
+    return [Recording(LANGUAGES / r["file"], r["language"]) for r in rows] + [Recording(DATA / n, "en")
+                                                                             for n in ENGLISH]
+
+
+__all__ = ["DATA", "LANGUAGES", "MANIFEST", "Clip", "Compilation", "Recording", "clips", "compilation", "corpus_wer",
+           "live_clips", "live_recording", "long_recording", "loops", "lost_runs", "matched_starts", "norm_word",
+           "quiet_copy", "recordings", "several_speakers", "transcribe_clips", "wer", "word_clips"]
 
 
 VOICES = {
