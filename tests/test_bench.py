@@ -1,4 +1,7 @@
-"""The benchmark commands run end to end on a short input and write their JSON, table and chart."""
+"""The benchmark commands run end to end on a short input and write their JSON, table and chart.
+
+These prove the commands work; the figures the docs quote come from the commands themselves, run at full size
+(docs/performance.md gives each command)."""
 
 from __future__ import annotations
 
@@ -14,29 +17,25 @@ from realtime.bench.stream import _stream_speech
 
 from conftest import ROOT
 
-VLLM_ENV = ROOT / ".venv-vllm" / "bin" / "python"
-
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "realtime", "bench", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
 
 
-@pytest.mark.xdist_group("bench-file")
-def test_bench_file_compares_all_pipelines_in_one_run(tmp_path):
-    out = bench("file", "--minutes", "0.4", "--runs", "1", "--out", str(tmp_path))
+def test_bench_file_compares_the_pipelines_in_one_run(tmp_path):
+    """Every pipeline but vLLM's (a vLLM start of its own; the engine is tested in tests/test_vllm.py) on a short
+    synthesized recording: a row each, side by side with faster-whisper's."""
+    out = bench("file", "--minutes", "0.2", "--runs", "1", "--only", "realtime,faster-whisper batched,transformers",
+                "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench-file.json").read_text())
     names = [r["name"] for r in doc["results"]]
-    for prefix in ("realtime text", "realtime timed", "faster-whisper (", "faster-whisper batched", "transformers",
-                   "vllm"):
+    for prefix in ("realtime text", "realtime timed", "faster-whisper (", "faster-whisper batched", "transformers"):
         assert any(n.startswith(prefix) for n in names), names
-    vllm = next(r for r in doc["results"] if r["name"].startswith("vllm"))
-    if not VLLM_ENV.exists():  # a user's machine without the vLLM environment: the row says why
-        assert vllm["rtfx"] is None and "unavailable" in vllm["note"]
+    assert not any(n.startswith("vllm") for n in names), "--only leaves vLLM out"
     for r in doc["results"]:
-        if r is not vllm or VLLM_ENV.exists():
-            assert r["rtfx"] > 0 and r["wer"] <= 0.3 and r["loops"] == 0, r
+        assert r["rtfx"] > 0 and r["wer"] <= 0.3 and r["loops"] == 0, r
     base = next(r for r in doc["results"] if r["name"].startswith("faster-whisper ("))
     assert base["vs_faster_whisper"] == 1.0
     assert (tmp_path / "bench-file.md").read_text().count("|") > 20
@@ -55,9 +54,10 @@ def test_stream_clients_of_a_manifest_pause_at_times_of_their_own_unless_asked_f
     assert [c.name for c in same[0].clips] == [c.name for c in own[0].clips]
 
 
-@pytest.mark.xdist_group("bench-stream")
-def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
-    out = bench("stream", "--clients", "1", "--out", str(tmp_path))
+def test_bench_stream_reports_latency_and_idle_cpu(app, tmp_path):
+    """One client against the worker's app (idle while this test runs), with a short idle sample."""
+    out = bench("stream", "--clients", "1", "--idle-seconds", "2", "--url", app.url, "--pid", str(app.proc.pid),
+                "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench-stream.json").read_text())
     row = doc["results"][0]
@@ -69,19 +69,20 @@ def test_bench_stream_reports_latency_and_idle_cpu(tmp_path):
     assert (tmp_path / "bench-stream.png").stat().st_size > 1000
 
 
-@pytest.mark.xdist_group("bench-soak")
-def test_bench_soak_samples_memory_fds_and_latency(tmp_path):
-    """A short soak (the CI version of the hour-long one): 2 clients, 3 minutes, real speech from tests/data."""
-    out = bench("soak", "--minutes", "3", "--clients", "2", "--out", str(tmp_path))
+def test_bench_soak_samples_memory_fds_and_latency(app, tmp_path):
+    """A short soak (the command's rounds, samples and verdicts; the hour-long one is the benchmark): 2 clients of
+    10 s of real speech from tests/data, a round every 20 s for 45 s, against the worker's app."""
+    out = bench("soak", "--minutes", "0.75", "--clients", "2", "--seconds", "10", "--period-s", "20",
+                "--sample-s", "4", "--url", app.url, "--pid", str(app.proc.pid), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench-soak.json").read_text())
     s = doc["summary"]
-    assert doc["clients"] == 2 and doc["minutes"] == 3 and "real utterances" in doc["input"]
+    assert doc["clients"] == 2 and doc["minutes"] == 0.75 and "real utterances" in doc["input"]
     assert s["lost_segments"] == 0 and s["failed_rounds"] == 0 and s["errors"] == 0, s
-    assert s["rounds"] >= 4 and s["finals"] >= 20 and s["wer"] <= 0.3
-    for client in (0, 1):  # rounds keep to a schedule of one a minute, whenever the last one ended
+    assert s["rounds"] >= 4 and s["finals"] >= 8 and s["wer"] <= 0.3
+    for client in (0, 1):  # rounds keep to their schedule, whenever the last one ended
         starts = [r["start_s"] for r in doc["rounds"] if r["client"] == client]
-        assert len(starts) >= 2 and all(b - a >= 59 for a, b in itertools.pairwise(starts)), starts
+        assert len(starts) >= 2 and all(b - a >= 19.5 for a, b in itertools.pairwise(starts)), starts
     assert len(doc["samples"]) >= 8 and all({"minute", "rss_mb", "fds", "final_p95", "load"} <= set(x)
                                              for x in doc["samples"])
     assert 100 < s["rss_after_warmup_mb"] and s["rss_end_mb"] and s["rss_growth_after_warmup_pct"] is not None

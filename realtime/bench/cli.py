@@ -41,6 +41,8 @@ def main(argv: list[str]) -> int:
                    help="from a manifest: each client plays the utterances in an order of its own (independent "
                         "speakers), or all in the same order, their pauses together (the worst case)")
     s.add_argument("--runs", type=int, default=1)
+    s.add_argument("--idle-seconds", type=float, default=10.0,
+                   help="how long the app's idle CPU is sampled, with no session and with one silent client")
     s.add_argument("--url", help="a running app (default: launch one)")
     s.add_argument("--pid", type=int, help="the running app's process id, for CPU figures")
     s.add_argument("--out", default="bench-out")
@@ -55,6 +57,8 @@ def main(argv: list[str]) -> int:
     k.add_argument("--warmup-minutes", type=float, help="growth is measured after this (default: 5, at most a "
                                                         "quarter of the run)")
     k.add_argument("--sample-s", type=float, help="seconds between samples (default: 60, at most a tenth of the run)")
+    k.add_argument("--period-s", type=float, help="seconds between the starts of a client's rounds (default: a "
+                                                  "minute, or the recording's length and 10 s if longer)")
     k.add_argument("--url", help="a running app (default: launch one)")
     k.add_argument("--pid", type=int, help="the running app's process id, for RSS and fd figures")
     k.add_argument("--out", default="bench-out")

@@ -58,18 +58,18 @@ def _soak_speech(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], 
 
 
 async def _soak_clients(url: str, path: Path, clients: int, seconds: float, on_round: Any,
-                        finals: list[tuple[float, float]]) -> None:
+                        finals: list[tuple[float, float]], period: float | None = None) -> None:
     """`clients` clients, each streaming the recording again and again (in real time) until `seconds` are over.
 
-    Rounds start on a fixed schedule, one a period (a minute, or the recording's length and 10 s if longer), each
-    client a little after the one before: the load keeps one shape for the whole run, so its first and last
+    Rounds start on a fixed schedule, one a period (by default a minute, or the recording's length and 10 s if
+    longer), each client a little after the one before: the load keeps one shape for the whole run, so its first and last
     minutes compare. (A client that started its next round as soon as the last one ended drifted against the
     others: once their speech lined up, every utterance shared the engine with three others for the rest of
     the run.) A round that overruns its slot is followed at the next one."""
     from .client import stream_file
 
     duration = decode_file(path).size / SAMPLE_RATE
-    period = max(60.0, duration + 10.0)
+    period = period or max(60.0, duration + 10.0)
     start = time.monotonic()
     deadline = start + seconds
 
@@ -159,7 +159,7 @@ def bench_soak(args: argparse.Namespace) -> dict[str, Any]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        asyncio.run(_soak_clients(url, path, args.clients, seconds, on_round, finals))
+        asyncio.run(_soak_clients(url, path, args.clients, seconds, on_round, finals, args.period_s))
     finally:
         stop.set()
         sampler.join(5)

@@ -222,7 +222,7 @@ def bench_stream(args: argparse.Namespace) -> dict[str, Any]:
         url, pid = f"http://127.0.0.1:{port}", proc.pid
     rows = []
     try:
-        idle = _idle_cpu(url, pid) if pid else {}
+        idle = _idle_cpu(url, pid, args.idle_seconds) if pid else {}
         for n in clients:
             per_run = []
             for _ in range(args.runs):
