@@ -34,11 +34,10 @@ from speech import SENTENCES, compose, sentence_audio, wer
 MB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    app = launch(tmp_path_factory.mktemp("api"))
-    yield app
-    stop(app)
+@pytest.fixture
+def api(app: App) -> App:
+    """The worker's default app (conftest.py)."""
+    return app
 
 
 @pytest.fixture(scope="module")

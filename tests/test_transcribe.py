@@ -24,8 +24,13 @@ def recording(speech_dir):
     return long_recording(speech_dir / "three-minutes.wav", minutes=3)
 
 
-def test_windows_pack_segments_and_cut_errors(engine, recording):
-    per_segment = asyncio.run(transcribe_file(recording.path, engine))
+@pytest.fixture(scope="module")
+def per_segment(engine, recording) -> list:
+    """The recording transcribed one VAD segment at a time (no packing), read by the tests below."""
+    return asyncio.run(transcribe_file(recording.path, engine))
+
+
+def test_windows_pack_segments_and_cut_errors(engine, recording, per_segment):
     windows = asyncio.run(transcribe_file(recording.path, engine, window_s=WINDOW_S))
     seg_wer = wer(recording.text, " ".join(e.text for e in per_segment))
     win_wer = wer(recording.text, " ".join(e.text for e in windows))
@@ -41,9 +46,8 @@ def test_windows_pack_segments_and_cut_errors(engine, recording):
     assert win_wer <= 0.11
 
 
-def test_window_never_exceeds_its_length(engine, recording):
+def test_window_never_exceeds_its_length(engine, recording, per_segment):
     windows = asyncio.run(transcribe_file(recording.path, engine, window_s=9.0))
-    per_segment = asyncio.run(transcribe_file(recording.path, engine))
     assert len(per_segment) > len(windows) > len(per_segment) // 3
     # a window holds whole segments: its span starts and ends on segment boundaries
     starts, ends = {e.start for e in per_segment}, {e.end for e in per_segment}
