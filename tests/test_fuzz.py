@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -27,7 +26,7 @@ from realtime.audio import SAMPLE_RATE, FrameConverter, decode_file
 from realtime.live.stabilize import LocalAgreement, _key
 from realtime.live.vad import WINDOW, Segmenter, SegmentStart, SileroVAD, VADConfig
 
-from conftest import App, launch, stop
+from conftest import App
 from real_speech import DATA
 
 SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -229,10 +228,9 @@ def _described(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    app = launch(tmp_path_factory.mktemp("fuzz"))
-    yield app
-    stop(app)
+def fuzzed(app: App) -> App:
+    """The worker's default app (conftest.py): fuzzing must leave it serving."""
+    return app
 
 
 @pytest.fixture(scope="module")
