@@ -1,8 +1,8 @@
 """faster-whisper's outputs on the bundled clips, recorded: reference files keyed by what decides their content.
 
 The tests compare this app's readings of real speech with faster-whisper's own on the same weights. Those outputs
-change only with the model files, the faster-whisper, CTranslate2 and onnxruntime (its VAD) versions, the CPU's
-instruction set (the int8 and float32 kernels differ) and the audio, so they are computed once and committed in
+change only with the model files, the faster-whisper, CTranslate2, onnxruntime (its VAD) and PyAV (its decoding and
+resampling) versions, the CPU's instruction set (the int8 and float32 kernels differ) and the audio, so they are computed once and committed in
 tests/data/references, each record with the key it was made under. A test reads the record whose key matches this
 machine and these packages; when none does, the reference is computed in that run (once, shared by the workers)
 and the test says so with a `ReferenceRecomputed` warning.
@@ -86,7 +86,7 @@ def model_digest(directory: str) -> str:
 def packages() -> dict[str, str]:
     from importlib.metadata import version
 
-    return {name: version(name) for name in ("faster-whisper", "ctranslate2", "onnxruntime")}
+    return {name: version(name) for name in ("faster-whisper", "ctranslate2", "onnxruntime", "av")}
 
 
 def key(recipe: str, model: str, audio: Iterable[Path]) -> dict[str, Any]:
