@@ -14,11 +14,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from live_apps import PER_MINUTE
+from live_peer import Peer
 
+from realtime.audio import SAMPLE_RATE
 from realtime.bench.client import _make_track
 from realtime.web.ice import use_loopback_only
 
-from conftest import ROOT, App, free_port, launch, stop
+from conftest import ROOT, App, free_port, stop
+
+pytest_plugins = ["live_apps"]
 
 
 async def _offer_sdp(audio: bool = True) -> str:
@@ -71,11 +76,18 @@ def test_oversized_offer_is_refused_with_413(app):
 
 
 def test_offer_without_audio_is_refused_and_a_real_one_is_answered(app):
+    """An offer without an audio section is refused (400, OpenAI's error shape); a real one is answered with one
+    (and connects: hung up, it leaves the worker's app no open connection)."""
     no_audio = asyncio.run(_offer_sdp(audio=False))
     error = _openai_error(_post(app, {"sdp": no_audio, "type": "offer", "webrtc_id": uuid.uuid4().hex}), 400)
     assert "m=audio" in error["message"]
-    r = _post(app, {"sdp": asyncio.run(_offer_sdp()), "type": "offer", "webrtc_id": uuid.uuid4().hex})
-    assert r.status_code == 200 and "m=audio" in r.json()["sdp"]
+
+    async def answered() -> str:
+        async with Peer(app.url, np.zeros(SAMPLE_RATE, np.float32), stall_at=0.0, read_events=False) as peer:
+            await peer.connected()
+            return peer.pc.remoteDescription.sdp
+
+    assert "m=audio" in asyncio.run(answered())
 
 
 def test_health_live_and_ready(app):
@@ -107,23 +119,19 @@ def test_ready_is_503_while_the_engines_endpoints_are_down(tmp_path: Path):
         stop(a)
 
 
-@pytest.fixture(scope="module")
-def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    a = launch(tmp_path_factory.mktemp("limited"), "--max-new-connections-per-minute", "2",
-               "--max-connections-per-client", "5")
-    yield a
-    stop(a)
-
-
-def test_new_connections_per_client_are_capped(limited):
+@pytest.mark.xdist_group("test_signalling")
+def test_new_connections_per_client_are_capped(limited_app):
+    """Over --max-new-connections-per-minute a client's offer gets 429 rate_limit_exceeded with Retry-After, counted
+    in /health's refusals."""
+    refused = httpx.get(f"{limited_app.url}/health").json()["signalling"]["refused"]
     sdp = asyncio.run(_offer_sdp())
-    for _ in range(2):
-        r = _post(limited, {"sdp": sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex})
+    for _ in range(PER_MINUTE):
+        r = _post(limited_app, {"sdp": sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex})
         assert r.status_code == 200 and "sdp" in r.json()
-    r = _post(limited, {"sdp": sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex})
+    r = _post(limited_app, {"sdp": sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex})
     error = _openai_error(r, 429)
     assert error["code"] == "rate_limit_exceeded" and int(r.headers["Retry-After"]) >= 1
-    assert httpx.get(f"{limited.url}/health").json()["signalling"]["refused"] == 1
+    assert httpx.get(f"{limited_app.url}/health").json()["signalling"]["refused"] == refused + 1
 
 
 @pytest.mark.fast

@@ -1,26 +1,23 @@
-"""With --api-key, live transcripts need the key or the session's own token; over real WebRTC on loopback."""
+"""With --api-key, live transcripts need the key or the session's own token; over real WebRTC on loopback, on the
+keyed app (tests/live_apps.py, in its group). Without a key the id is enough: tests/test_stream.py, on its one
+stream."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
+from live_apps import KEY
+from live_peer import Peer
 
+from realtime.audio import SAMPLE_RATE
 from realtime.bench.client import stream_file
 
-from conftest import App, launch, stop
 from speech import SENTENCES, compose, wer
 
-KEY = "sk-test-transcripts"
-
-
-@pytest.fixture(scope="module")
-def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    a = launch(tmp_path_factory.mktemp("keyed"), "--api-key", KEY)
-    yield a
-    stop(a)
+pytest_plugins = ["live_apps"]
 
 
 def _unauthorized(r: httpx.Response) -> None:
@@ -29,13 +26,16 @@ def _unauthorized(r: httpx.Response) -> None:
     assert set(error) == {"message", "type", "code", "param"} and r.headers["WWW-Authenticate"] == "Bearer"
 
 
-def test_transcript_needs_the_key_or_the_sessions_token(keyed, speech_dir):
+@pytest.mark.xdist_group("test_realtime_api")
+def test_transcript_needs_the_key_or_the_sessions_token(keyed_app, speech_dir):
+    """The offer's answer hands its poster the session's token; the transcript and its events open with the token or
+    the key, not without, with a wrong token or a wrong key; an offer that reuses the id gets no token."""
     speech = compose(speech_dir / "keyed.wav", SENTENCES[:1], tail=0.5)
-    result = asyncio.run(stream_file(keyed.url, speech.path, ice_loopback=True))
+    result = asyncio.run(stream_file(keyed_app.url, speech.path, ice_loopback=True, settle_timeout=300))
     assert result.token, "the offer's answer hands its poster the session's token"
     finals = [e for e in result.events if e["type"] == "final"]
     assert len(finals) == 1, "the client read the event stream with its token"
-    base = f"{keyed.url}/transcript/{result.webrtc_id}"
+    base = f"{keyed_app.url}/transcript/{result.webrtc_id}"
     _unauthorized(httpx.get(f"{base}.txt"))
     _unauthorized(httpx.get(f"{base}.txt", params={"token": "0" * 32}))
     _unauthorized(httpx.get(f"{base}.txt", headers={"Authorization": "Bearer wrong"}))
@@ -44,19 +44,14 @@ def test_transcript_needs_the_key_or_the_sessions_token(keyed, speech_dir):
     assert r.status_code == 200 and wer(speech.text, r.text) <= 0.2
     assert httpx.get(f"{base}.srt", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
-    # an offer that reuses the finished session's id is not handed that session's token
-    from test_signalling import _offer_sdp
+    # an offer that reuses the finished session's id is answered, but not handed that session's token
+    async def reuse() -> str | None:
+        async with Peer(keyed_app.url, np.zeros(SAMPLE_RATE, np.float32), stall_at=0.0, read_events=False,
+                        webrtc_id=result.webrtc_id) as again:
+            await again.connected()  # then its hang-up frees the app's slot at once
+            return again.token
 
-    r = httpx.post(f"{keyed.url}/webrtc/offer", json={"sdp": asyncio.run(_offer_sdp()), "type": "offer",
-                                                      "webrtc_id": result.webrtc_id}, timeout=30)
-    assert "transcript_token" not in r.json()
-
-
-def test_without_a_key_the_id_is_enough(app, speech_dir):
-    speech = compose(speech_dir / "open.wav", SENTENCES[1:2], tail=0.5)
-    result = asyncio.run(stream_file(app.url, speech.path, ice_loopback=True))
-    assert result.token is None
-    assert httpx.get(f"{app.url}/transcript/{result.webrtc_id}.txt").status_code == 200
+    assert asyncio.run(reuse()) is None
 
 
 def test_the_pages_links_carry_the_token_only_with_a_key():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def test_finals_keep_session_order_and_survive_while_partials_are_shed(engine, c
                 fut.add_done_callback(lambda f, s=session, n=i: done[s].append(n))
                 finals.append((session, i, fut))
         results = [await f for _, _, f in finals]
-        await asyncio.sleep(0.5)
+        await asyncio.gather(*partials, return_exceptions=True)  # the newest partials run before the worker stops
         await worker.stop()
         return worker, done, finals, results, partials
 
@@ -112,46 +113,89 @@ def _rss_mb() -> float:
 @pytest.mark.skipif(malloc_trim is None, reason="malloc_trim is glibc's; this C library keeps no such heaps")
 def test_memory_freed_by_a_busy_spell_goes_back_to_the_system_once_the_queue_empties(engine):
     """Batches of real speech through the service's worker, then idle: what glibc kept of the batches' memory has
-    been returned (a malloc_trim of our own afterwards finds next to nothing left), each busy spell trimmed once."""
+    been returned (a malloc_trim of our own afterwards finds next to nothing left), each busy spell trimmed once.
+    A spell's jobs are queued at once, so the queue empties once per spell, and the memory is measured once that
+    spell's trim has run."""
     from realtime.config import Settings
     from realtime.live.service import TranscriptionService
 
     audio = [decode_file(c.path) for c in real_clips({"short", "read"}, longest=12.0)[:16]]
 
-    async def scenario():
+    async def scenario() -> tuple[float, float, int]:
         service = TranscriptionService(Settings(), engine=engine)
         service.idle_trim.min_interval_s = 0.5
         await service.start()
         worker = service.file_worker()
-        for _spell in range(2):
-            for start in range(0, len(audio), worker.batch_size):
-                jobs = [Job("file", i, a, "file") for i, a in enumerate(audio[start:start + worker.batch_size])]
-                await asyncio.gather(*(worker.submit(j) for j in jobs))
-            await asyncio.sleep(1.5)  # idle: the trailing trim runs, in a thread
+        for spell in (1, 2):
+            await asyncio.gather(*(worker.submit(Job("file", i, a, "file")) for i, a in enumerate(audio)))
+            deadline = time.monotonic() + 60
+            while service.idle_trim.trims < spell:  # the queue emptied: its trim comes within min_interval_s
+                assert time.monotonic() < deadline, "no trim after a busy spell"
+                await asyncio.sleep(0.01)
+            assert service.idle_trim.last is not None
+            await service.idle_trim.last
         kept = _rss_mb()
         malloc_trim(0)
         left = kept - _rss_mb()
         trims = service.idle_trim.trims
-        await service.stop()
+        await worker.stop()  # not service.stop(): the engine is the shared one
+        service.idle_trim.cancel()
         return kept, left, trims
 
     kept, left, trims = asyncio.run(scenario())
     print(f"RSS after the worker went idle {kept:.0f} MB; a further malloc_trim released {left:.1f} MB; {trims} trims")
-    assert 2 <= trims <= 6, "one trim per busy spell, throttled while busy"
+    assert trims == 2, "one trim per busy spell"
     assert left < 10, f"{left:.0f} MB of freed memory was still held by the C library after the queue emptied"
 
 
+@pytest.mark.fast
+def test_idle_trims_are_throttled_with_a_trailing_edge():
+    """The idle hook trims at once after a quiet while; called again within min_interval_s it schedules one trim
+    for when the interval is over (however often it is called meanwhile), so a busy spell's last idle moment is
+    always trimmed and the trims never come closer than the interval."""
+    from realtime.live.memory import IdleTrim
+
+    async def scenario() -> tuple[int, int, float]:
+        trim = IdleTrim(min_interval_s=0.2)
+        trim()  # on the loop's next turn
+        while trim.trims < 1:
+            await asyncio.sleep(0.01)
+        first = trim.last
+        assert first is not None
+        await first
+        first_at = trim._last
+        for _ in range(5):
+            trim()  # a busy spell's idle moments: one trailing trim
+        at_once = trim.trims
+        while trim.trims < 2:
+            await asyncio.sleep(0.01)
+        assert trim.last is not None and trim.last is not first
+        await trim.last
+        return at_once, trim.trims, trim._last - first_at
+
+    at_once, trims, apart = asyncio.run(scenario())
+    assert (at_once, trims) == (1, 2)
+    assert apart >= 0.2 - 1e-3, "the trailing trim waits out the interval"
+
+
 def test_the_idle_hook_runs_each_time_the_queue_empties(engine):
-    async def scenario():
+    async def scenario() -> list[int]:
         worker = Worker(engine, batch_size=2)
         idle: list[int] = []
-        worker.on_idle = lambda: idle.append(worker.stats.finals)
+        emptied = asyncio.Event()
+
+        def on_idle() -> None:
+            idle.append(worker.stats.finals)
+            emptied.set()
+
+        worker.on_idle = on_idle
         worker.start()
         silence = np.zeros(16000, dtype=np.float32)
         await asyncio.gather(*(worker.submit(Job("s", i, silence, "final")) for i in range(3)))
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(emptied.wait(), 60)
+        emptied.clear()
         await worker.submit(Job("s", 3, silence, "final"))
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(emptied.wait(), 60)
         await worker.stop()
         return idle
 

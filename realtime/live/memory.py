@@ -40,6 +40,8 @@ class IdleTrim:
     def __init__(self, min_interval_s: float = MIN_INTERVAL_S) -> None:
         self.min_interval_s = min_interval_s
         self.trims = 0
+        self.last: asyncio.Future[int] | None = None
+        """The last trim, running or done in its thread: what a caller awaits to know the memory has gone back."""
         self._last = float("-inf")
         self._pending: asyncio.TimerHandle | None = None
 
@@ -54,7 +56,7 @@ class IdleTrim:
         self._pending = None
         self._last = time.monotonic()
         self.trims += 1
-        loop.run_in_executor(None, malloc_trim, 0)
+        self.last = loop.run_in_executor(None, malloc_trim, 0)
 
     def cancel(self) -> None:
         if self._pending is not None:
