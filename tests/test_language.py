@@ -10,10 +10,8 @@ encoder sees the clip plus a margin of silence, not a whole 30 s window: what li
 from __future__ import annotations
 
 import asyncio
-import csv
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,26 +21,12 @@ import pytest
 from realtime.audio import decode_file
 from realtime.engines import TranscribeOptions
 
-from conftest import App, launch, stop
-from real_speech import DATA
+from conftest import App, launch, recorded, stop
+from live_feed import feed
+from real_speech import LANGUAGES, recordings
 
-LANGUAGES = DATA / "languages"
-ENGLISH = ("jfk.flac", "librispeech-1272-141231-0002.flac")
 NAMES = {"de": "German", "en": "English", "es": "Spanish", "fr": "French", "ja": "Japanese", "pt": "Portuguese",
          "th": "Thai", "zh": "Chinese"}
-
-
-@dataclass(frozen=True)
-class Recording:
-    path: Path
-    language: str
-
-
-def recordings() -> list[Recording]:
-    with (LANGUAGES / "manifest.tsv").open(newline="") as f:
-        rows = [r for r in csv.DictReader(f, delimiter="\t") if "," not in r["language"]]
-    return [Recording(LANGUAGES / r["file"], r["language"]) for r in rows] + [Recording(DATA / n, "en")
-                                                                             for n in ENGLISH]
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +56,19 @@ def test_base_is_the_packaged_multilingual_model(base_app):
     assert base_app.health()["model"] == "base (packaged)"
 
 
-def test_language_identification_is_as_accurate_as_faster_whispers(base_engine):
+def test_language_identification_is_as_accurate_as_faster_whispers(base_engine, shared: Path) -> None:
     """The live path's language (what finals report) on every clip, against faster-whisper's `detect_language`
-    (the file path asks faster-whisper's own transcription, which detects the same way, per window). Prints each
-    clip, then a row per language for the README's table (`pytest -s`)."""
-    from faster_whisper import WhisperModel
-
-    from realtime.engines.embedded import resolve_model
-
+    on the same weights (base int8, recorded: tests/references.py `fw-languages`; the file path asks
+    faster-whisper's own transcription, which detects the same way, per window). Prints each clip, then a row per
+    language for the README's table (`pytest -s`)."""
     items = recordings()
-    reference = WhisperModel(resolve_model("base")[0], device="cpu", compute_type="int8")
+    detected = recorded(shared, "fw-languages")
     ours_right = theirs_right = 0
     by_language: dict[str, list[tuple[str, str]]] = {}
     print(f"\n{'clip':36} {'truth':6} {'faster-whisper':15} {'ours (live path)'}")
     for item in items:
         audio = decode_file(item.path)
-        theirs = reference.detect_language(audio)[0]
+        theirs = detected[item.path.name]
         ours = base_engine.transcribe_sync(audio, TranscribeOptions()).language
         theirs_right += theirs == item.language
         ours_right += ours == item.language
@@ -135,14 +116,14 @@ def test_a_chosen_language_is_honoured(base_app):
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language"
 
 
-def test_live_finals_say_their_language_and_carry_word_times_when_asked(base_engine):
-    """A live session on German speech: each final event names its language and, with word timestamps asked
-    for in the session's options, carries its words in stream time."""
+def test_live_finals_say_their_language_and_carry_word_times_when_asked(base_engine) -> None:
+    """A live session on German speech, fed through the WebRTC audio path at the speed the code allows
+    (tests/live_feed.py): each final event names its language and, with word timestamps asked for in the
+    session's options, carries its words in stream time."""
     from realtime.config import Settings
     from realtime.live.service import TranscriptionService
 
-    audio = np.concatenate([np.zeros(8000, np.float32), decode_file(LANGUAGES / "fleurs-de-000.ogg"),
-                            np.zeros(24000, np.float32)])
+    audio = np.concatenate([np.zeros(8000, np.float32), decode_file(LANGUAGES / "fleurs-de-000.ogg")])
     service = TranscriptionService(Settings(model="base"), engine=base_engine)
     events: list[dict] = []
 
@@ -150,17 +131,11 @@ def test_live_finals_say_their_language_and_carry_word_times_when_asked(base_eng
         await service.start()
         session = service.open_session("s", lambda e: events.append(e.as_dict()))
         session.options = dataclasses.replace(session.options, word_timestamps=True)
-        for i in range(0, audio.size, 320):
-            session.feed(audio[i:i + 320])
-            if i % 16000 == 0:
-                await asyncio.sleep(0)
-        session.flush()
-        for _ in range(1200):
-            if session.pending_finals == 0:
-                break
-            await asyncio.sleep(0.05)
-        service.close_session("s")
-        await service.worker.stop()
+        try:
+            await feed(session, audio)
+        finally:
+            service.close_session("s")
+            await service.worker.stop()  # not service.stop(): the engine is the module's
 
     asyncio.run(scenario())
     finals = [e for e in events if e["type"] == "final" and e["text"]]
