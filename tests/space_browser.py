@@ -145,9 +145,9 @@ def refused(browser: Browser, tmp: Path, env: dict[str, str], shot: Path) -> dic
     app = launch(tmp, env={**SPACE, **env})
     try:
         page = open_page(browser, app, r["requests"])
-        r["loaded"] = watch(page, 10, lambda s: "TURN" in s["notice"])
+        r["loaded"] = watch(page, 30, lambda s: "TURN" in s["notice"])
         page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
-        r["clicked"] = watch(page, 10, lambda s: len(s["toasts"]) >= 2 and s["stream"] == "closed")
+        r["clicked"] = watch(page, 30, lambda s: len(s["toasts"]) >= 2 and s["stream"] == "closed")
         r["health"] = app.health()
         page.screenshot(path=str(shot), full_page=True)
         page.close()

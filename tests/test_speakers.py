@@ -3,8 +3,11 @@ with named speakers through the openai SDK against the app launched as users lau
 
 The conversation is built from real recordings of four people (tests/data: LibriSpeech 1089 and 1272, LJSpeech,
 LibriVox's Sense and Sensibility reader), taking turns with pauses; its reference turns are known by construction.
-The real meetings with their own RTTM references (tests/data/speakers) are scored as `python -m realtime bench
-speakers` scores them.
+Where four voices over ten turns are the point (the speaker model, a live session, `diarized_json` with named
+speakers) the whole conversation is used; the other formats and the command line take the same four voices in six
+shorter turns (tests/short_conversation.py). The HTTP API is the worker's default app (conftest `app`). The real
+meetings with their own RTTM references (tests/data/speakers) are scored as `python -m realtime bench speakers`
+scores them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import io
 import itertools
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,6 +28,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from openai import OpenAI
+from short_conversation import short_conversation
 
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.bench.speakers import bench_speakers, der, read_rttm
@@ -35,7 +40,8 @@ from realtime.live.service import TranscriptionService
 from realtime.live.transcript import Entry
 from realtime.speakers import Diarization, LiveSpeakers, Turn, speaker_windows
 
-from conftest import App, launch, stop
+from conftest import ROOT, App
+from live_feed import feed
 from real_speech import DATA, PAUSE_S, TURNS, VOICES, Conversation, build_conversation
 
 REFERENCE_CLIP = {"lj": 3, "s1089": 3, "austen": 3}
@@ -46,9 +52,26 @@ def voice(name: str, i: int) -> np.ndarray:
     return decode_file(DATA / f"{VOICES[name][i]}.flac")
 
 
+LABELLED_S = 120.0
+"""How long the speaker labels of a live session may take after its last final: reached only when something is
+wrong."""
+
+
 @pytest.fixture(scope="module")
 def conversation(tmp_path_factory: pytest.TempPathFactory) -> Conversation:
+    """The four voices in ten turns (tests/real_speech.py `build_conversation`)."""
     return build_conversation(tmp_path_factory.mktemp("speakers") / "conversation.flac")
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory: pytest.TempPathFactory) -> Conversation:
+    """The four voices in six shorter turns (tests/short_conversation.py)."""
+    return short_conversation(tmp_path_factory.mktemp("speakers-short") / "short.flac")
+
+
+def voice_of(conversation: Conversation, start: float, end: float) -> str:
+    """The voice that speaks most of [start, end] in `conversation`."""
+    return max(conversation.turns, key=lambda t: min(t[1], end) - max(t[0], start))[2]
 
 
 def data_url(audio: np.ndarray) -> str:
@@ -171,29 +194,28 @@ def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp
 
 
 def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conversation):
-    """In process, the conversation played at 4x real time through a session with speaker labels: every final is
-    labelled (in its final event, or by a `speaker` event after it), one label per voice, and a rename reaches
-    the transcript and its downloads."""
+    """In process, the conversation fed through the WebRTC audio path at the speed the code allows
+    (tests/live_feed.py) to a session with speaker labels: every final is labelled (in its final event, or by a
+    `speaker` event after it), one label per voice, and a rename reaches the transcript and its downloads."""
     service = TranscriptionService(Settings(diarize=True), engine=engine)
     events: list[dict] = []
+
+    def labelled() -> bool:
+        finals = {e["segment"] for e in events if e["type"] == "final"}
+        named = {e["segment"] for e in events if e["type"] == "final" and e.get("speaker")}
+        return finals <= named | {e["segment"] for e in events if e["type"] == "speaker"}
 
     async def scenario():
         await service.start()
         session = service.open_session("s", lambda e: events.append(e.as_dict()))
-        audio = decode_file(conversation.path)
-        for i in range(0, audio.size, 320):
-            session.feed(audio[i:i + 320])
-            await asyncio.sleep(0.005)
-        session.flush()
-        for _ in range(400):
-            await asyncio.sleep(0.05)
-            if not session._finals_pending and len({e["segment"] for e in events if e["type"] == "speaker"}) >= \
-                    len([e for e in events if e["type"] == "final"]):
-                break
-        renamed = service.rename_speaker("s", "Speaker 1", "Linda")
-        snapshot = service.snapshot("s")
-        service.close_session("s")
-        await service.worker.stop()  # not service.stop(): the engine is the test session's
+        try:
+            await feed(session, decode_file(conversation.path))
+            await until(labelled, LABELLED_S, "a final never got its speaker")
+            renamed = service.rename_speaker("s", "Speaker 1", "Linda")
+            snapshot = service.snapshot("s")
+        finally:
+            service.close_session("s")
+            await service.worker.stop()  # not service.stop(): the engine is the test session's
         return renamed, snapshot
 
     renamed, snapshot = asyncio.run(scenario())
@@ -203,10 +225,9 @@ def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conv
         if e["type"] == "speaker":
             label[e["segment"]] = e["speaker"]
     assert len(finals) >= len(TURNS) and set(label) >= {f["segment"] for f in finals}
-    voice_of = {f["segment"]: max(conversation.turns, key=lambda t: min(t[1], f["audio_end"]) - max(t[0], f["start"]))
-                [2] for f in finals}
+    voices = {f["segment"]: voice_of(conversation, f["start"], f["audio_end"]) for f in finals}
     by_voice: dict[str, set[str]] = {}
-    for seg, who in voice_of.items():
+    for seg, who in voices.items():
         by_voice.setdefault(who, set()).add(label[seg])
     assert all(len(v) == 1 for v in by_voice.values()), by_voice
     assert len({next(iter(v)) for v in by_voice.values()}) == 4, by_voice
@@ -215,13 +236,6 @@ def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conv
 
 
 # -- the HTTP API ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    app = launch(tmp_path_factory.mktemp("speakers-app"))
-    yield app
-    stop(app)
 
 
 def test_diarized_json_names_known_speakers_through_the_openai_sdk(app, conversation):
@@ -235,17 +249,19 @@ def test_diarized_json_names_known_speakers_through_the_openai_sdk(app, conversa
     said: dict[str, str] = {}
     for seg in doc.segments:
         assert seg.type == "transcript.text.segment" and seg.start < seg.end and seg.text
-        truth = max(conversation.turns, key=lambda t: min(t[1], seg.end) - max(t[0], seg.start))
-        said.setdefault(truth[2], seg.speaker)
-        assert seg.speaker == said[truth[2]], (seg, truth)
+        truth = voice_of(conversation, seg.start, seg.end)
+        said.setdefault(truth, seg.speaker)
+        assert seg.speaker == said[truth], (seg, truth)
     # the three with references carry their names; the fourth is a letter
     assert {k: v for k, v in said.items() if k in references} == {k: k for k in references}
     assert said["s1272"] not in references and len(said["s1272"]) == 1
     assert doc.text == " ".join(s.text for s in doc.segments)
 
 
-def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app, conversation):
-    audio = conversation.path.read_bytes()
+def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app: App, short: Conversation) -> None:
+    """`diarize=true` labels verbose_json's segments (a letter per voice, the same for all of a voice's
+    segments), srt's cues ("A: ") and vtt's voice tags (`<v B>`); without it verbose_json has no speakers."""
+    audio = short.path.read_bytes()
 
     def post(**fields: str) -> httpx.Response:
         r = httpx.post(app.url + "/v1/audio/transcriptions", files={"file": ("c.flac", audio, "audio/flac")},
@@ -255,7 +271,13 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app, conversation):
 
     verbose = post(response_format="verbose_json", diarize="true").json()
     assert {s["speaker"] for s in verbose["segments"]} == {"A", "B", "C", "D"}
-    assert post(response_format="srt", diarize="true").text.count("\nA: ") >= 2
+    said: dict[str, str] = {}
+    for seg in verbose["segments"]:
+        truth = voice_of(short, seg["start"], seg["end"])
+        assert said.setdefault(truth, seg["speaker"]) == seg["speaker"], (seg, truth)
+    srt = post(response_format="srt", diarize="true").text
+    assert srt.count("\nA: ") >= 2
+    assert all(text.partition(": ")[0] == said[voice_of(short, a, b)] for a, b, text in srt_cues(srt)), srt
     assert "<v B>" in post(response_format="vtt", diarize="true").text
     assert "speaker" not in str(post(response_format="verbose_json").json()["segments"])
 
@@ -269,17 +291,17 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app, conversation):
     ({"response_format": "diarized_json", "known_speaker_names[]": "a", "known_speaker_references[]": "x"},
      "invalid_known_speakers"),
 ])
-def test_bad_speaker_fields_get_422(app, conversation, fields, code):
+def test_bad_speaker_fields_get_422(app: App, short: Conversation, fields: dict[str, str], code: str) -> None:
     r = httpx.post(app.url + "/v1/audio/transcriptions", data=fields, timeout=60,
-                   files={"file": ("c.flac", conversation.path.read_bytes(), "audio/flac")})
+                   files={"file": ("c.flac", short.path.read_bytes(), "audio/flac")})
     assert r.status_code == 422 and r.json()["error"]["code"] == code, r.text
 
 
-def test_a_reference_that_is_not_a_short_clip_gets_400(app, conversation):
+def test_a_reference_that_is_not_a_short_clip_gets_400(app: App, short: Conversation) -> None:
     long_clip = data_url(np.zeros(15 * SAMPLE_RATE, np.float32))
     for url in (long_clip, "data:audio/wav;base64,bm90IGF1ZGlv"):
         r = httpx.post(app.url + "/v1/audio/transcriptions", timeout=120,
-                       files={"file": ("c.flac", conversation.path.read_bytes(), "audio/flac")},
+                       files={"file": ("c.flac", short.path.read_bytes(), "audio/flac")},
                        data={"response_format": "diarized_json", "known_speaker_names[]": "a",
                              "known_speaker_references[]": url})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_speaker_reference", r.text
@@ -298,25 +320,36 @@ def srt_cues(srt: str) -> list[tuple[float, float, str]]:
     return cues
 
 
-def test_the_transcribe_command_labels_and_names_speakers(conversation, tmp_path):
+def test_the_transcribe_command_labels_and_names_speakers(short: Conversation, tmp_path: Path) -> None:
+    """`python -m realtime transcribe --diarize --speaker lj=FILE --format srt`: each cue says who spoke it, the
+    same label for all of a voice's cues, the named voice by its name and the three others by letters;
+    `--speaker` without `--diarize` is refused."""
     reference = tmp_path / "lj.wav"
     sf.write(str(reference), voice("lj", REFERENCE_CLIP["lj"])[: 8 * SAMPLE_RATE], SAMPLE_RATE)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "realtime", "transcribe", *args], capture_output=True,
-                              text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
+                              text=True, timeout=600, cwd=ROOT)
 
-    srt = cli("--diarize", "--speaker", f"lj={reference}", "--format", "srt", str(conversation.path))
+    srt = cli("--diarize", "--speaker", f"lj={reference}", "--format", "srt", str(short.path))
     assert srt.returncode == 0, srt.stderr
     said: dict[str, str] = {}
     for start, end, text in srt_cues(srt.stdout):
         speaker, sep, words = text.partition(": ")
         assert sep and words, text
-        truth = max(conversation.turns, key=lambda t: min(t[1], end) - max(t[0], start))
-        said.setdefault(truth[2], speaker)
-        assert speaker == said[truth[2]], (start, end, text, truth)
+        truth = voice_of(short, start, end)
+        said.setdefault(truth, speaker)
+        assert speaker == said[truth], (start, end, text, truth)
     assert said["lj"] == "lj" and len(set(said.values())) == 4, said  # the named voice, three letters
     assert all(len(v) == 1 for k, v in said.items() if k != "lj")
 
-    bad = cli("--speaker", f"lj={reference}", str(conversation.path))
+    bad = cli("--speaker", f"lj={reference}", str(short.path))
     assert bad.returncode == 2 and "--diarize" in bad.stderr
+
+
+async def until(condition: Callable[[], bool], timeout: float, why: str) -> None:
+    """Wait (on the running loop) until `condition()`; `timeout` seconds without it fail with `why`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, why
+        await asyncio.sleep(0.05)
