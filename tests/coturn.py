@@ -58,7 +58,7 @@ def start_coturn(tmp: Path, *, user: tuple[str, str] | None = None, secret: str 
         name, password = user or ("realtime", "relay-pass")
         args += ["--lt-cred-mech", f"--user={name}:{password}"]
     proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60  # reached only when turnserver cannot start
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"turnserver exited with {proc.returncode}:\n{log.read_text()[-2000:]}")

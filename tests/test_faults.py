@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+from endpoints import FakeEndpoint
 from live_peer import SETTLE_S, Gate, Peer, outcomes
 
 from realtime.audio import decode_file
@@ -65,11 +66,17 @@ REMOTE_FAULTS = {
     "html": ("malformed", "a proxy's page"),
     "wrongjson": ("without text", "JSON in another shape"),
 }
-PHRASES = ["Good morning.", "Thank you very much.", "See you soon."]
+PHRASES = ["Thank you very much.", "Good morning.", "See you soon."]
 """Three short sentences (about a second each): the read timeout is --remote-timeout plus the clip's duration."""
+SCRIPTED_MIN_S = 1.0
+"""Requests at least this long meet the fault: a segment's final and an upload's window (over a second with their
+padding), not the one early partial of each segment (a quarter of a second of speech)."""
 HOLD_AFTER_S = 1.0
 """Silence after the first sentence at which the stream holds: past the VAD's minimum silence (0.4 s), so the
 first segment has closed and its final is on its way to the faulty endpoint."""
+DRIP_S = 1.0
+"""While it holds, the stream sends a frame of the pause this often: audio keeps arriving (a session without any
+for STALE_AUDIO_S is reclaimed), 20 ms of silence a second, well within the pause left."""
 
 
 def _healthy(app: App) -> None:
@@ -80,24 +87,36 @@ def _healthy(app: App) -> None:
         time.sleep(0.1)
 
 
+def _faulty(endpoint: FakeEndpoint, fault: str) -> None:
+    """Every request of SCRIPTED_MIN_S or more meets `fault` until `_answering`."""
+    endpoint.script_min_seconds = SCRIPTED_MIN_S
+    endpoint.script.clear()
+    endpoint.script.extend([fault] * 100)
+
+
+def _answering(endpoint: FakeEndpoint) -> None:
+    endpoint.script.clear()
+    endpoint.script_min_seconds = 0.0
+
+
 @pytest.mark.parametrize("fault", list(REMOTE_FAULTS))
 def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(fault, remote_app, speech_dir):
     """The first segment's final meets the fault (both attempts): an `error` event with the cause; the stream holds
-    until then and until the endpoint is healthy again, so the next two segments meet it answering: their finals.
-    No segment is lost or answered twice, the transcript has all three (the first an error); an API request that
-    meets the fault gets 503 with Retry-After in OpenAI's shape, and the next one is served."""
+    until then, so the next two segments meet the endpoint answering again: their finals. No segment is lost or
+    answered twice, the transcript has all three (the first an error); an API request that meets the fault gets
+    503 with Retry-After in OpenAI's shape, and the next one is served."""
     app, endpoint = remote_app
     cause = REMOTE_FAULTS[fault][0]
     speech = compose(speech_dir / "faults-remote.wav", PHRASES, gaps=[2.0, 1.2], tail=0.5)
     back = asyncio.Event()
     _healthy(app)
-    endpoint.default = fault
+    _faulty(endpoint, fault)
     try:
         async def live() -> Peer:
-            hold = Gate(speech.spans[0][1] + HOLD_AFTER_S, lambda _: back.is_set())
+            hold = Gate(speech.spans[0][1] + HOLD_AFTER_S, lambda _: back.is_set(), drip_s=DRIP_S)
             async with Peer(app.url, decode_file(speech.path), tail=1.0, gates=[hold]) as peer:
                 await peer.until(lambda ev: any(e["type"] == "error" for e in ev))
-                endpoint.default = "ok"
+                _answering(endpoint)
                 await asyncio.to_thread(_healthy, app)
                 back.set()
                 await peer.finished(3)
@@ -116,14 +135,14 @@ def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(f
         assert doc["segments"][0].get("error") and not doc["segments"][2].get("error")
 
         # an API request meets the fault: 503 with Retry-After in OpenAI's shape; then it is served again
-        one = compose(speech_dir / "faults-remote-api.wav", PHRASES[:1])
+        one = compose(speech_dir / "faults-remote-api.wav", PHRASES[:1], lead=0.2, tail=0.2)  # one short window
         _healthy(app)
-        endpoint.default = fault
+        _faulty(endpoint, fault)
         r = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("a.wav", one.path.read_bytes())},
                        timeout=SETTLE_S)
         err = _openai_error(r, 503)
         assert err["type"] == "server_error" and cause in err["message"] and int(r.headers["retry-after"]) >= 1
-        endpoint.default = "ok"
+        _answering(endpoint)
         _healthy(app)
         r = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("a.wav", one.path.read_bytes())},
                        timeout=SETTLE_S)
@@ -131,7 +150,7 @@ def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(f
         assert app.health()["ready"] and _wait_idle(app)["sessions"] == 0
         assert "Traceback" not in app.log.read_text()
     finally:
-        endpoint.default = "ok"
+        _answering(endpoint)
 
 
 # ---------------------------------------------------------------- a client that stops sending

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 from live_apps import LIMIT
-from live_peer import Gate, Peer, partial_of
+from live_peer import SETTLE_S, Gate, Peer, partial_of
 from test_metrics import Metrics, scrape
 
 from realtime.audio import SAMPLE_RATE, decode_file
@@ -134,12 +134,13 @@ def test_metrics_follow_a_live_session(live):
 
 
 def test_two_clients_each_get_their_own_transcript(app, speech_dir):
+    """Two clients streaming at once each get their own sentences back, not the other's."""
     a = compose(speech_dir / "a.wav", SENTENCES[3:5], gaps=[1.2])
     b = compose(speech_dir / "b.wav", SENTENCES[5:7], gaps=[1.0])
 
     async def both():
-        return await asyncio.gather(stream_file(app.url, a.path, ice_loopback=True),
-                                    stream_file(app.url, b.path, ice_loopback=True))
+        return await asyncio.gather(stream_file(app.url, a.path, ice_loopback=True, settle_timeout=SETTLE_S),
+                                    stream_file(app.url, b.path, ice_loopback=True, settle_timeout=SETTLE_S))
 
     ra, rb = asyncio.run(both())
     text_a = " ".join(e["text"] for e in check_events(ra.events))
@@ -149,9 +150,11 @@ def test_two_clients_each_get_their_own_transcript(app, speech_dir):
 
 
 def test_stream_command_prints_json_lines_and_summary(app, speech_dir):
+    """`python -m realtime stream` prints each event as a JSON line (the segment announced before its partials, then
+    its final) and a summary last."""
     speech = compose(speech_dir / "cmd.wav", SENTENCES[7:8])
     out = subprocess.run([sys.executable, "-m", "realtime", "stream", app.url, str(speech.path), "--ice-loopback"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, capture_output=True, text=True, timeout=SETTLE_S)
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     events, summary = lines[:-1], lines[-1]["summary"]
@@ -167,6 +170,7 @@ def test_stream_command_prints_json_lines_and_summary(app, speech_dir):
 
 
 def test_routes_reject_bad_requests(app):
+    """Unknown sessions are 404, a body that is not JSON 400, an offer without its fields 422; /health says ready."""
     assert httpx.get(f"{app.url}/transcript/nope/events").status_code == 404
     assert httpx.get(f"{app.url}/transcript/nope.txt").status_code == 404
     r = httpx.post(f"{app.url}/webrtc/offer", content=b"not json")
@@ -203,7 +207,7 @@ def test_concurrency_limit_refuses_clearly_then_admits(keyed_app, speech_dir):
                 await stream_file(keyed_app.url, short.path, ice_loopback=True)
             await holders[0].pc.close()
             await _connections(keyed_app, lambda n: n < LIMIT)
-            return await stream_file(keyed_app.url, short.path, ice_loopback=True, settle_timeout=300)
+            return await stream_file(keyed_app.url, short.path, ice_loopback=True, settle_timeout=SETTLE_S)
 
     later = asyncio.run(scenario())
     assert wer(short.text, later.summary["text"]) <= 0.2

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 from live_apps import KEY
-from live_peer import Peer
+from live_peer import SETTLE_S, Peer
 
 from realtime.audio import SAMPLE_RATE
 from realtime.bench.client import stream_file
@@ -18,6 +18,7 @@ from realtime.bench.client import stream_file
 from speech import SENTENCES, compose, wer
 
 pytest_plugins = ["live_apps"]
+pytestmark = pytest.mark.xdist_group("test_realtime_api")
 
 
 def _unauthorized(r: httpx.Response) -> None:
@@ -26,12 +27,11 @@ def _unauthorized(r: httpx.Response) -> None:
     assert set(error) == {"message", "type", "code", "param"} and r.headers["WWW-Authenticate"] == "Bearer"
 
 
-@pytest.mark.xdist_group("test_realtime_api")
 def test_transcript_needs_the_key_or_the_sessions_token(keyed_app, speech_dir):
     """The offer's answer hands its poster the session's token; the transcript and its events open with the token or
     the key, not without, with a wrong token or a wrong key; an offer that reuses the id gets no token."""
     speech = compose(speech_dir / "keyed.wav", SENTENCES[:1], tail=0.5)
-    result = asyncio.run(stream_file(keyed_app.url, speech.path, ice_loopback=True, settle_timeout=300))
+    result = asyncio.run(stream_file(keyed_app.url, speech.path, ice_loopback=True, settle_timeout=SETTLE_S))
     assert result.token, "the offer's answer hands its poster the session's token"
     finals = [e for e in result.events if e["type"] == "final"]
     assert len(finals) == 1, "the client read the event stream with its token"
