@@ -20,9 +20,13 @@ behaviour from `script` (else `default`; clips shorter than `script_min_seconds`
     sse-openai    OpenAI's transcript.text.delta / transcript.text.done events
     sse-drop      two vLLM chunks, then the connection is closed
     hold          wait until `release()`, then ok
+    hold-mid      with `upstream`: forward the request's headers and the first half of its body, wait until
+                  `release()`, then the rest (the request is at the upstream meanwhile, its upload unfinished)
 
 With `upstream` set, `ok` (and GET, while healthy) forwards the request to that server instead: a
-fault-injecting proxy.
+fault-injecting proxy. Its forwarding can be gated (`gate()`: requests wait here, before the upstream sees them,
+until `open_gate()`; `wait_forwarding(n)`: until at most n are at the upstream), so that a test knows which
+requests the upstream holds. `HeldUpload` is a client whose upload stops half-way until it is released.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import threading
 import time
 import wave
 from collections import deque
+from collections.abc import Iterator
 from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -88,10 +93,18 @@ class FakeEndpoint:
         self.owner = owner
         """`owned_by` in /v1/models ("vllm" makes it look like vLLM's server)."""
         self.upstream = upstream.rstrip("/") if upstream else None
+        self.script_lane: str | None = None
+        """When set, only requests with this lane header (`final`: a live session's finals) take the script."""
         self.log: list[dict[str, Any]] = []
         self.health_checks = 0
+        self.holding = threading.Event()
+        """Set once a `hold` or `hold-mid` request is held (for `hold-mid`: its first half is at the upstream)."""
+        self.forwarding = 0
+        """Requests past the gate and not yet answered by the upstream."""
         self._held = threading.Event()
         self._lock = threading.Lock()
+        self._gate = threading.Condition()
+        self._gated = False
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -121,14 +134,16 @@ class FakeEndpoint:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 fields, wav = _multipart(self.headers.get("content-type", ""), body)
                 seconds = _seconds(wav) if wav else 0.0
+                lane = self.headers.get("x-transcription-lane")
                 with endpoint._lock:
-                    scripted = endpoint.script and seconds >= endpoint.script_min_seconds
+                    scripted = endpoint.script and seconds >= endpoint.script_min_seconds and \
+                        endpoint.script_lane in (None, lane)
                     behaviour = endpoint.script.popleft() if scripted else endpoint.default
                     entry = {"t": time.monotonic(), "path": self.path, "behaviour": behaviour, "fields": fields,
                              "segment": _segment_id(wav) if wav else None, "port": self.client_address[1],
                              "digest": hashlib.sha1(wav or b"").hexdigest()[:12], "seconds": seconds,
                              "auth": self.headers.get("authorization"),
-                             "lane": self.headers.get("x-transcription-lane"),
+                             "lane": lane,
                              "clip": self.headers.get("x-transcription-clip")}
                     endpoint.log.append(entry)
                 endpoint.on_request(self, behaviour, entry, body)
@@ -158,7 +173,11 @@ class FakeEndpoint:
     # -- behaviours
     def on_request(self, h: Any, behaviour: str, entry: dict[str, Any], body: bytes) -> None:
         name, _, arg = behaviour.partition(":")
+        if name == "hold-mid" and self.upstream is not None:
+            self._forward(h, entry, body, hold=True)
+            return
         if name == "hold":
+            self.holding.set()
             self._held.wait(30)
             name = "ok"
         if name == "slow":
@@ -244,16 +263,41 @@ class FakeEndpoint:
         else:
             raise ValueError(f"unknown behaviour {behaviour}")
 
-    def _forward(self, h: Any, entry: dict[str, Any], body: bytes) -> None:
-        headers = {k: v for k, v in h.headers.items() if k.lower() in ("content-type", "authorization")}
-        with httpx.Client(timeout=60) as client:
-            r = client.post(self.upstream + h.path, content=body, headers=headers)
-        entry["forwarded"] = r.status_code
-        h.send_response(r.status_code)
-        h.send_header("Content-Type", r.headers.get("content-type", "application/json"))
-        h.send_header("Content-Length", str(len(r.content)))
+    def _forward(self, h: Any, entry: dict[str, Any], body: bytes, hold: bool = False) -> None:
+        """The request sent on to the upstream and its answer back; an upstream that fails to answer is a 502."""
+        headers = {k: v for k, v in h.headers.items()
+                   if k.lower() in ("content-type", "authorization") or k.lower().startswith("x-transcription-")}
+        headers["Content-Length"] = str(len(body))
+
+        def content() -> Iterator[bytes]:
+            half = len(body) // 2
+            yield body[:half]
+            self.holding.set()
+            self._held.wait(60)
+            yield body[half:]
+
+        with self._gate:
+            while self._gated:
+                self._gate.wait()
+            self.forwarding += 1
+        try:
+            with httpx.Client(timeout=60) as client:
+                r = client.post(self.upstream + h.path, content=content() if hold else body, headers=headers)
+            status, ctype, data = r.status_code, r.headers.get("content-type", "application/json"), r.content
+        except httpx.HTTPError as exc:
+            status, ctype = 502, "application/json"
+            error = {"message": f"upstream: {type(exc).__name__}", "type": "server_error"}
+            data = json.dumps({"error": error}).encode()
+        finally:
+            with self._gate:
+                self.forwarding -= 1
+                self._gate.notify_all()
+        entry["forwarded"] = status
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(data)))
         h.end_headers()
-        h.wfile.write(r.content)
+        h.wfile.write(data)
 
     # -- control
     def hold_next(self) -> None:
@@ -263,6 +307,25 @@ class FakeEndpoint:
 
     def release(self) -> None:
         self._held.set()
+
+    def gate(self) -> None:
+        """Requests not yet forwarded wait here until `open_gate()`."""
+        with self._gate:
+            self._gated = True
+
+    def open_gate(self) -> None:
+        with self._gate:
+            self._gated = False
+            self._gate.notify_all()
+
+    def wait_forwarding(self, at_most: int, timeout: float = 120) -> None:
+        """Until at most `at_most` requests are at the upstream (the others answered, or waiting at the gate)."""
+        deadline = time.monotonic() + timeout
+        with self._gate:
+            while self.forwarding > at_most:
+                left = deadline - time.monotonic()
+                assert left > 0, f"{self.forwarding} requests still at the upstream"
+                self._gate.wait(left)
 
     def down(self) -> None:
         """Health checks fail and every request gets a 500."""
@@ -277,5 +340,53 @@ class FakeEndpoint:
 
     def close(self) -> None:
         self._held.set()
+        self.open_gate()
         self.server.shutdown()
         self.server.server_close()
+
+
+class HeldUpload:
+    """A client's upload to `url` that stops half-way through its body until `release()`: the server holds the
+    request meanwhile (this app counts it among its `--api-max-requests` and a pool replica among its ongoing
+    requests), at no cost in decoding. Released with `finish`, the rest is sent and the answer awaited; without, the
+    client hangs up (the server sees a client that disconnected during its upload)."""
+
+    def __init__(self, url: str, audio: bytes, headers: dict[str, str] | None = None) -> None:
+        request = httpx.Request("POST", url, files={"file": ("held.flac", audio)}, headers=headers or {})
+        self.body = request.read()
+        self.headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        self.url = url
+        self.sent = threading.Event()
+        """The first half is on its way (the server has the request once its headers arrive)."""
+        self.response: httpx.Response | None = None
+        self.error: Exception | None = None
+        self._release = threading.Event()
+        self._finish = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _content(self) -> Iterator[bytes]:
+        half = len(self.body) // 2
+        yield self.body[:half]
+        self.sent.set()
+        self._release.wait(300)
+        if not self._finish:
+            raise ConnectionAbortedError("the client hung up")
+        yield self.body[half:]
+
+    def _run(self) -> None:
+        try:
+            with httpx.Client(timeout=300) as client:
+                self.response = client.post(self.url, content=self._content(), headers=self.headers)
+        except Exception as exc:  # the hang-up, or what the server did about it
+            self.error = exc
+        finally:
+            self.sent.set()
+
+    def release(self, finish: bool = False, timeout: float = 120) -> httpx.Response | None:
+        """Sends the rest (`finish`) or hangs up; the answer, once the request is over."""
+        self._finish = finish
+        self._release.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the held upload did not end"
+        return self.response

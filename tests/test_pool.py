@@ -1,6 +1,9 @@
-"""The engine pool (realtime/pool): `python -m realtime pool` on a real local Ray cluster kept on loopback, two
-replicas of the embedded engine, real recordings over real HTTP, and an app whose remote engine is the pool
-streaming a live WebRTC session, with a replica killed in the middle of one."""
+"""The engine pool (realtime/pool): `python -m realtime pool` on a real local Ray cluster kept on loopback (one per
+run), two replicas of the embedded engine, real recordings over real HTTP, an app whose remote engine is the pool,
+and a live session whose engine is the pool, with the replica that holds one of its finals killed.
+
+The pool's readings are compared with the embedded engine's, computed once per run (conftest.py `readings`,
+`long_reading`; tests/remote_live.py `embedded_live`)."""
 
 from __future__ import annotations
 
@@ -20,21 +23,20 @@ from typing import Any
 
 import httpx
 import pytest
-from test_stream import check_events
+from endpoints import FakeEndpoint, HeldUpload
+from remote_live import embedded_live, finals_text, front_settings, live_recording, stream
 
-from realtime.bench.client import stream_file
-from realtime.bench.corpus import Compilation
-from realtime.config import Settings
-from realtime.engines import TranscribeOptions
-from realtime.live import transcript as fmt
-from realtime.live.transcribe import transcribe_file
+from realtime.live.service import TranscriptionService
 
-from conftest import ROOT, SPACE_VARIABLES, App, free_port, gone, launch, stop
-from real_speech import clips, compilation, corpus_wer, long_recording, lost_runs
+from conftest import ROOT, SPACE_VARIABLES, free_port, gone, launch, stop
+from real_speech import DATA, clips, corpus_wer, lost_runs
 
 REPLICAS = 2
 MAX_REPLICAS = 3
-"""The shared pool autoscales between these: the other tests' load stays under one more replica's threshold."""
+"""The shared pool autoscales between these."""
+TARGET = 4
+"""Requests in flight per replica that the autoscaler aims at: the other tests stay at or under it (4 uploads at
+once, a front end's 8 windows in flight over 2 replicas); the autoscaling test holds more."""
 
 
 @dataclass
@@ -67,6 +69,35 @@ class Pool:
                 time.sleep(0.2)
         return seen
 
+    def holder(self, timeout: float = 120) -> int:
+        """The process id of a replica that reports a transcription request in progress, asked from four clients
+        at once (Serve's proxy sends a lone /health to the replica with the fewest requests, not the busy one)."""
+        deadline = time.monotonic() + timeout
+        found: list[int] = []
+
+        def ask() -> None:
+            while not found and time.monotonic() < deadline:
+                try:
+                    h = self.health()
+                except (httpx.HTTPError, ValueError):
+                    continue
+                if h.get("requests", 0) >= 1:
+                    found.append(h["pid"])
+
+        with ThreadPoolExecutor(4) as ex:
+            list(ex.map(lambda _: ask(), range(4)))
+        assert found, "no replica reported the request"
+        return found[0]
+
+    def wait_for_count(self, count: int, since: int, timeout: float) -> bool:
+        """Until the pool's log reports `count` running replicas after its first `since` reports."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(n == count for n, _ in self.counts()[since:]):
+                return True
+            time.sleep(0.5)
+        return False
+
 
 def _env() -> dict[str, str]:
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("REALTIME_", "GRADIO_", "RAY_"))
@@ -76,11 +107,14 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """The run's one pool (its one Ray cluster): autoscaled 2:3, a replica added after 1 s above the target and
+    removed after 2 s below it (the autoscaling test's waits; Serve's own delays otherwise)."""
     port = free_port()
     log = tmp_path_factory.mktemp("pool") / "pool.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime", "pool", "--autoscale", f"{REPLICAS}:{MAX_REPLICAS}",
-         "--target-ongoing-requests", "3", "--cpu-threads", "1", "--port", str(port)],
+         "--target-ongoing-requests", str(TARGET), "--upscale-delay", "1", "--downscale-delay", "2",
+         "--cpu-threads", "1", "--port", str(port)],
         cwd=ROOT, env=_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     p = Pool(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 240
@@ -98,20 +132,6 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     assert gone(proc.pid, wait=30), "Ray processes of the pool are left behind"
 
 
-@pytest.fixture(scope="module")
-def front(pool: Pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    """The app as a front end: WebRTC and VAD here, every segment sent to the pool."""
-    app = launch(tmp_path_factory.mktemp("front"), "--engine", "remote", "--remote-url", pool.route)
-    yield app
-    stop(app)
-
-
-@pytest.fixture(scope="module")
-def live_speech(tmp_path_factory: pytest.TempPathFactory) -> Compilation:
-    chosen = [c for c in clips({"read"}, longest=9)][:3]
-    return compilation(chosen, tmp_path_factory.mktemp("pool-live") / "live.wav", gap=1.5)
-
-
 def _post(url: str, path: Path, **fields: str) -> httpx.Response:
     return httpx.post(url, files={"file": (path.name, path.read_bytes())}, data=fields, timeout=900)
 
@@ -121,9 +141,11 @@ def test_serve_config_builder_takes_the_commands_options():
 
     fixed = app({"replicas": "3", "cpu_threads": "1"})._bound_deployment
     assert fixed.num_replicas == 3 and fixed.ray_actor_options["num_cpus"] == 1.0
-    scaled = app({"autoscale": "1:4", "target_ongoing_requests": "5", "engine": "vllm"})._bound_deployment
+    scaled = app({"autoscale": "1:4", "target_ongoing_requests": "5", "engine": "vllm", "upscale_delay_s": "1",
+                  "downscale_delay_s": "2"})._bound_deployment
     config = scaled._deployment_config.autoscaling_config
     assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 4, 5.0)
+    assert (config.upscale_delay_s, config.downscale_delay_s) == (1.0, 2.0)
     assert scaled.ray_actor_options["num_gpus"] == 1.0, "a vLLM replica holds a GPU"
     with pytest.raises(ValueError, match="unknown pool arguments: nonsense"):
         app({"replicas": "2", "nonsense": "1"})
@@ -134,6 +156,7 @@ def test_pool_runs_on_loopback_with_two_replicas(pool: Pool):
     assert len(replicas) == REPLICAS and len(set(replicas)) == REPLICAS
     for h in replicas.values():
         assert h["ready"] and h["engine"] == "embedded" and h["cpu_threads"] == 1 and h["node_ip"] == "127.0.0.1"
+        assert h["requests"] == 0, "no transcription request in progress"
     # every Ray process of the pool stays on loopback: node address, and no connection to another address
     out = subprocess.run(["ss", "-Htnp", "state", "established"], capture_output=True, text=True).stdout
     pids = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _group(p) == pool.proc.pid}
@@ -152,39 +175,6 @@ def _group(proc: Path) -> int:
 def _loopback(addr: str) -> bool:
     host = addr.rsplit(":", 1)[0].strip("[]")
     return host.startswith("127.") or host in ("::1", "::ffff:127.0.0.1") or host.startswith("::ffff:127.")
-
-
-def test_api_through_the_pool_matches_the_embedded_engine(pool: Pool, engine):
-    chosen = clips(longest=15)
-    # several uploads at once, so both replicas take requests and each one's worker batches them
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(4) as ex:
-        answers = list(ex.map(lambda c: _post(pool.route, c.path), chosen))
-    pool_s = time.monotonic() - t0
-    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
-    pooled = [r.json()["text"] for r in answers]
-
-    settings = Settings()
-
-    async def embedded() -> list[str]:
-        out = []
-        for c in chosen:
-            entries = await transcribe_file(c.path, engine, settings.vad_config(), TranscribeOptions(),
-                                            window_s=settings.file_window_s)
-            out.append(fmt.to_text(entries))
-        return out
-
-    t0 = time.monotonic()
-    local = asyncio.run(embedded())
-    local_s = time.monotonic() - t0
-    references = [c.text for c in chosen]
-    wer_pool, wer_local = corpus_wer(references, pooled), corpus_wer(references, local)
-    print(f"\nWER over {len(chosen)} clips: pool {wer_pool:.2%} in {pool_s:.1f} s, embedded {wer_local:.2%} in "
-          f"{local_s:.1f} s")
-    assert abs(wer_pool - wer_local) <= 0.01
-    served = pool.replicas()
-    assert len(served) == REPLICAS and all(h["queue"]["done"] > 0 for h in served.values()), \
-        "both replicas must have transcribed"
 
 
 def test_every_response_format_and_streaming_through_the_pool(pool: Pool):
@@ -211,112 +201,158 @@ def test_every_response_format_and_streaming_through_the_pool(pool: Pool):
     assert models["data"][0]["id"] == "tiny.en (bundled)"
 
 
-def test_a_long_recording_through_the_pool_is_transcribed_as_the_embedded_engine_does(pool: Pool, front: App,
-                                                                                     app: App, tmp_path: Path):
-    """9.5 minutes of real speech (every clip of tests/data joined) to the front end, whose remote engine is the
-    pool, and to an app on the embedded engine: at most a point above it, each packed window decoded whole by a
-    replica and checked for coverage by the front end (realtime/live/coverage.py; the lost stretches are printed).
-    A point, as for another instance (tests/test_remote.py): a window whose greedy decode is rejected is sampled,
-    and the draws follow the order the windows reach the replicas."""
-    comp = long_recording(tmp_path / "long.wav")
-    texts = {}
-    for name, target in (("pool", front), ("embedded", app)):
-        r = _post(f"{target.url}/v1/audio/transcriptions", comp.path)
-        assert r.status_code == 200, r.text
-        texts[name] = r.json()["text"]
-    figures = {k: corpus_wer([comp.text], [v]) for k, v in texts.items()}
-    lost = {k: lost_runs(comp.text, v) for k, v in texts.items()}
-    print(f"\nlong recording, WER: {', '.join(f'{k} {100 * v:.2f} %' for k, v in figures.items())}; stretches of 5+ "
-          f"words lost: { {k: len(v) for k, v in lost.items()} }")
-    assert figures["pool"] <= figures["embedded"] + 0.01  # no worse by more than a point (better is no loss)
-
-
-def _check_live(live_speech: Compilation, events: list[dict[str, Any]]) -> str:
-    finals = check_events(events)
-    assert len(finals) >= len(live_speech.clips), "every clip must give at least one final"
-    return " ".join(f["text"] for f in finals)
-
-
-def test_live_webrtc_session_through_an_app_whose_engine_is_the_pool(front: App, app: App,
-                                                                     live_speech: Compilation):
-    """The same real speech streamed live to the front end (engine: the pool) and to an app on the embedded
-    engine: the pool's WER at most a point above the embedded engine's."""
-    health = front.health()
-    assert health["engine"] == "remote" and health["ready"] and "tiny.en" in health["model"]
-    result = asyncio.run(stream_file(front.url, live_speech.path, ice_loopback=True))
-    text = _check_live(live_speech, result.events)
-    assert result.summary["segments"] == result.summary["finals"]
-    embedded = asyncio.run(stream_file(app.url, live_speech.path, ice_loopback=True))
-    reference = [" ".join(c.text for c in live_speech.clips)]
-    wer_pool = corpus_wer(reference, [text])
-    wer_embedded = corpus_wer(reference, [_check_live(live_speech, embedded.events)])
-    print(f"\nlive WER: through the pool {wer_pool:.2%}, embedded engine {wer_embedded:.2%}")
-    assert wer_pool <= wer_embedded + 0.01
-
-
-def test_a_replica_killed_mid_stream_is_replaced_and_no_final_is_lost(pool: Pool, front: App,
-                                                                      live_speech: Compilation):
+def test_a_live_session_through_the_pool_loses_no_final_when_the_replica_decoding_one_dies(
+        pool: Pool, engine: Any, shared: Path, tmp_path: Path):
+    """A live session whose engine is the pool (tests/remote_live.py: a front end in this process, fed real speech
+    through the WebRTC audio path at the speed the code allows), through a proxy that holds a final of the session
+    half-uploaded while its other requests wait at the proxy's gate: the one replica that reports a request in
+    progress holds that final, and is killed with SIGKILL. Its upload fails (Serve's proxy answers 500 for a
+    replica that died), the remote engine sends the final again, a live replica decodes it, and Serve starts a
+    replica in the dead one's place. Every segment ends final; the live WER through the pool at most a point above
+    the embedded engine's live reading of the same recording."""
     before = pool.replicas()
     assert len(before) == REPLICAS
-    victim = min(before)
-    killed: list[float] = []
+    comp = live_recording(tmp_path / "live.wav")
+    reference = embedded_live(shared, engine, tmp_path)
+    proxy = FakeEndpoint(upstream=pool.url)
+    # a final, not a partial: partials come only at the start of each segment here (a long partial interval) and
+    # are shorter than 2 s; finals are whole segments
+    proxy.script_min_seconds = 2.0
+    proxy.script.append("hold-mid")
+    killed: list[int] = []
+    failed: list[BaseException] = []
+    over = threading.Event()
 
-    def on_event(event: dict[str, Any]) -> None:
-        # the moment a segment closes its final goes to the pool: kill a replica then
-        if event["type"] == "speech_stopped" and not killed:
+    def kill_the_holder() -> None:
+        try:
+            while not proxy.holding.wait(0.2):
+                assert not over.is_set(), "no final reached the proxy"
+            proxy.gate()
+            proxy.wait_forwarding(1)  # the held final is the only request at the pool
+            victim = pool.holder()
+            assert victim in before, (victim, sorted(before))
             os.kill(victim, signal.SIGKILL)
-            killed.append(time.monotonic())
+            killed.append(victim)
+        except BaseException as exc:  # raised again in the test's thread
+            failed.append(exc)
+        finally:
+            proxy.release()
+            proxy.open_gate()
 
-    result = asyncio.run(stream_file(front.url, live_speech.path, ice_loopback=True, on_event=on_event))
-    assert killed, "no segment closed"
-    print("\nfront end's view of the pool:", front.health()["endpoints"])
-    text = _check_live(live_speech, result.events)
-    assert result.summary["segments"] == result.summary["finals"], "a final was lost"
-    assert corpus_wer([" ".join(c.text for c in live_speech.clips)], [text]) <= 0.2
+    service = TranscriptionService(front_settings("--remote-url", f"{proxy.url}/v1/audio/transcriptions",
+                                                  "--partial-interval", "60", "--partial-interval-max", "60"))
 
-    deadline = time.monotonic() + 90
+    async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        await service.start()
+        try:
+            return await stream(service, comp.path), service.engine.describe()
+        finally:
+            await service.stop()
+
+    killer = threading.Thread(target=kill_the_holder)
+    killer.start()
+    try:
+        events, described = asyncio.run(scenario())
+    finally:
+        over.set()
+        killer.join(180)
+        proxy.close()
+    if failed:
+        raise failed[0]
+    assert killed, "no replica was killed"
+    log = proxy.requests()
+    held = next(e for e in log if e["behaviour"] == "hold-mid")
+    assert held.get("forwarded") != 200, "the killed replica did not hold the final"
+    again = [e.get("forwarded") for e in log if e["digest"] == held["digest"] and e is not held]
+    assert again.count(200) == 1, f"the final was not sent again and decoded once: {again}"
+    print(f"\nkilled replica {killed[0]}; the held final's attempts after it: {again}; the front end's view of the "
+          f"pool: {described['endpoints']}")
+
+    text = finals_text(events)
+    assert len([e for e in events if e["type"] == "final"]) >= len(comp.clips), "every clip must give a final"
+    wer_pool, wer_embedded = corpus_wer([comp.text], [text]), corpus_wer([comp.text], [reference])
+    print(f"live WER: through the pool {wer_pool:.2%}, embedded engine {wer_embedded:.2%}")
+    assert wer_pool <= wer_embedded + 0.01
+
+    deadline = time.monotonic() + 180
     after: dict[int, dict[str, Any]] = {}
     while time.monotonic() < deadline:
         after = pool.replicas(timeout=5)
-        if len(after) == REPLICAS and victim not in after:
+        if len(after) == REPLICAS and killed[0] not in after:
             break
         time.sleep(0.5)
-    assert victim not in after and len(after) == REPLICAS, f"Serve did not replace the replica: {sorted(after)}"
+    assert killed[0] not in after and len(after) == REPLICAS, f"Serve did not replace the replica: {sorted(after)}"
 
 
 def test_load_scales_the_pool_up_and_back_down(pool: Pool):
-    deadline = time.monotonic() + 60
+    """Requests in flight above `--target-ongoing-requests` per replica add a replica, and once they are over the
+    pool goes back to its minimum. The load is uploads held half-sent (tests/endpoints.py `HeldUpload`): each is a
+    request in flight at the pool, as Serve's autoscaler counts them, and costs no decoding."""
+    deadline = time.monotonic() + 180
     while pool.counts()[-1][0] != REPLICAS and time.monotonic() < deadline:  # a replaced replica still starting
         time.sleep(0.5)
     assert pool.counts()[-1][0] == REPLICAS
     seen = len(pool.counts())
-    clip = next(c for c in clips() if c.name == "jfk.flac")
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            assert _post(pool.route, clip.path).status_code == 200
-
-    def wait_for(count: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(n == count for n, _ in pool.counts()[seen:]):
-                return True
-            time.sleep(0.5)
-        return False
-
+    audio = (DATA / "jfk.flac").read_bytes()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(12) as ex:
-        clients = [ex.submit(load) for _ in range(12)]
-        try:
-            scaled_up = wait_for(MAX_REPLICAS, 120)
-            up_s = time.monotonic() - t0
-        finally:
-            stop.set()
-        for c in clients:
-            c.result()
+    held = [HeldUpload(pool.route, audio) for _ in range(REPLICAS * TARGET + 1)]
+    try:
+        for upload in held:
+            assert upload.sent.wait(60)
+        scaled_up = pool.wait_for_count(MAX_REPLICAS, seen, 180)
+        up_s = time.monotonic() - t0
+    finally:
+        for upload in held:
+            upload.release()
     assert scaled_up, f"no replica added under load: {pool.counts()}"
     seen, t1 = len(pool.counts()), time.monotonic()
-    assert wait_for(REPLICAS, 120), f"the pool did not scale back down: {pool.counts()}"
+    assert pool.wait_for_count(REPLICAS, seen, 180), f"the pool did not scale back down: {pool.counts()}"
     print(f"\nreplica added {up_s:.1f} s after the load started, removed {time.monotonic() - t1:.1f} s after it "
           f"stopped; replicas over time (count, s since the pool started): {pool.counts()}")
+
+
+def test_api_through_the_pool_matches_the_embedded_engine(pool: Pool, readings: dict[str, dict[str, str]]):
+    """Every real clip of 15 s or less uploaded to the pool, four at once (so both replicas take requests and each
+    one's worker batches them): the corpus WER within a point of the embedded engine's reading of the same clips,
+    one file each."""
+    chosen = clips(longest=15)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(4) as ex:
+        answers = list(ex.map(lambda c: _post(pool.route, c.path), chosen))
+    pool_s = time.monotonic() - t0
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
+    pooled = [r.json()["text"] for r in answers]
+    references = [c.text for c in chosen]
+    wer_pool = corpus_wer(references, pooled)
+    wer_local = corpus_wer(references, [readings["text"][c.name] for c in chosen])
+    print(f"\nWER over {len(chosen)} clips: pool {wer_pool:.2%} in {pool_s:.1f} s, embedded {wer_local:.2%}")
+    assert abs(wer_pool - wer_local) <= 0.01
+    served = pool.replicas()
+    assert len(served) == REPLICAS and all(h["queue"]["done"] > 0 for h in served.values()), \
+        "both replicas must have transcribed"
+
+
+def test_a_long_recording_through_the_pool_is_transcribed_as_the_embedded_engine_does(
+        pool: Pool, long_speech: Any, long_reading: dict[str, str], tmp_path: Path):
+    """9.5 minutes of real speech (every clip of tests/data joined) to a front end (`python app.py --engine remote`)
+    whose remote engine is the pool: at most a point above the embedded engine's reading of the same file, each
+    packed window decoded whole by a replica and checked for coverage by the front end
+    (realtime/live/coverage.py; the lost stretches are printed). A point, as for another instance
+    (tests/test_remote.py): a window whose greedy decode is rejected is sampled, and the draws follow the order the
+    windows reach the replicas."""
+    # the read timeout a deadline that only a fault reaches (a replica decodes the windows it holds as one batch,
+    # which on a busy machine outlasts the default 30 s and the window's duration; tests/test_remote.py)
+    front = launch(tmp_path, "--engine", "remote", "--remote-url", pool.route, "--remote-timeout", "600")
+    try:
+        health = front.health()
+        assert health["engine"] == "remote" and health["ready"] and "tiny.en" in health["model"]
+        r = _post(f"{front.url}/v1/audio/transcriptions", long_speech.path)
+    finally:
+        stop(front)
+    assert r.status_code == 200, r.text
+    texts = {"pool": r.json()["text"], "embedded": long_reading["text"]}
+    figures = {k: corpus_wer([long_speech.text], [v]) for k, v in texts.items()}
+    lost = {k: lost_runs(long_speech.text, v) for k, v in texts.items()}
+    print(f"\nlong recording, WER: {', '.join(f'{k} {100 * v:.2f} %' for k, v in figures.items())}; stretches of 5+ "
+          f"words lost: { {k: len(v) for k, v in lost.items()} }")
+    assert figures["pool"] <= figures["embedded"] + 0.01  # no worse by more than a point (better is no loss)

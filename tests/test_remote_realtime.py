@@ -1,34 +1,38 @@
-"""The remote engine with `--remote-realtime`: a front app (the CPU side) sends live segments over the back app's
+"""The remote engine with `--remote-realtime`: a front end (the CPU side) sends live segments over the back app's
 Realtime API WebSocket (`/v1/realtime`, another instance of this app with the real embedded tiny.en) and shows its
-deltas as they come. Real speech from tests/data, real sockets on 127.0.0.1, nothing mocked."""
+deltas as they come. Real speech from tests/data, real sockets on 127.0.0.1, nothing mocked. The front end's live
+session runs in this process, fed at the speed the code allows (tests/remote_live.py); the readings it is compared
+with are computed once per run (conftest.py `readings`, tests/remote_live.py `embedded_live`)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
+from remote_live import embedded_live, front_settings, live_recording, stream
 from test_stream import check_events
 
 from realtime.audio import decode_file
-from realtime.bench.client import stream_file
 from realtime.config import parse_settings
 from realtime.engines import EngineError, TranscribeOptions, create_engine
 from realtime.engines.endpoints import parse_endpoint
 from realtime.engines.remote import RemoteEngine
+from realtime.live.service import TranscriptionService
+from realtime.live.transcribe import transcribe_file
 
 from conftest import App, launch, stop
-from real_speech import DATA, clips, compilation, corpus_wer
+from real_speech import DATA, SEVERAL, clips, corpus_wer
 
 KEY = "sekret"
-LIVE = ["jfk.flac", "librivox-sense-and-sensibility-01-0870.flac", "librivox-sense-and-sensibility-01-0890.flac",
-        "speechbrain-spk1_snt1.flac"]
-"""About 26 s of real read speech (four clips, and segments at their pauses)."""
+LIVE = list(SEVERAL)
+"""About 26 s of real read speech (four clips, and segments at their pauses): tests/remote_live.py's recording."""
 MARGIN = 0.05
-"""How much worse than the back's own file transcription the front's live finals may be (WER, absolute)."""
+"""How much worse than the back's own file transcription, or the embedded engine's live reading, the front's live
+finals may be (WER, absolute)."""
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,9 @@ def test_realtime_url_follows_the_scheme():
     assert engine.describe()["realtime"] is True
 
 
-def test_engine_streams_a_clip_over_the_backs_realtime_api(back):
+def test_engine_streams_a_clip_over_the_backs_realtime_api(back, readings):
+    """One clip over the back's Realtime API: the deltas join to the final, within 5 points of the embedded
+    engine's file reading of the clip (the back's own file path); a wrong key is refused."""
     audio = decode_file(DATA / "jfk.flac")
 
     async def scenario() -> tuple[list[str], str, dict]:
@@ -64,11 +70,9 @@ def test_engine_streams_a_clip_over_the_backs_realtime_api(back):
             await engine.close()
 
     deltas, final, described = asyncio.run(scenario())
-    r = httpx.post(f"{back.url}/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"},
-                   files={"file": ("jfk.flac", (DATA / "jfk.flac").read_bytes())}, timeout=60)
-    assert r.status_code == 200
+    file_text = readings["text"]["jfk.flac"]
     assert deltas and "".join(deltas).strip() == final
-    assert corpus_wer([r.json()["text"]], [final]) <= 0.05, (final, r.json()["text"])
+    assert corpus_wer([file_text], [final]) <= 0.05, (final, file_text)
     assert described["realtime_requests"] == 2 and described["endpoints"][0]["errors"] == 0
 
     async def wrong_key() -> None:
@@ -83,62 +87,64 @@ def test_engine_streams_a_clip_over_the_backs_realtime_api(back):
         asyncio.run(wrong_key())
 
 
-def test_live_webrtc_front_streams_to_a_back_over_realtime(back, tmp_path: Path):
-    chosen = {c.name: c for c in clips()}
-    comp = compilation([chosen[n] for n in LIVE], tmp_path / "live.wav")
-    front = launch(tmp_path, "--engine", "remote", "--remote-url", f"{back.url}/v1/audio/transcriptions",
-                   "--remote-token", KEY, "--remote-realtime", "--remote-fallback", "--remote-retries", "2")
-    try:
-        health = front.health()
-        assert health["engine"] == "remote" and health["realtime"] is True and health["in_use"] == "remote"
-        result = asyncio.run(stream_file(front.url, comp.path, ice_loopback=True))
-        finals = check_events(result.events)
-        assert len(finals) >= len(LIVE), [f["text"] for f in finals]  # the VAD also cuts at pauses in a clip
-        streamed = [e for e in result.events if e["type"] == "partial" and e.get("streaming")]
-        assert streamed, "no deltas reached the page through the realtime backend"
-        front_text = " ".join(f["text"] for f in finals)
+def test_a_live_front_streams_to_a_back_over_realtime(back, engine, shared, readings, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture):
+    """A live session on a front end with `--remote-realtime --remote-fallback` (tests/remote_live.py: in this
+    process, fed four people's read speech through the WebRTC audio path at the speed the code allows, each partial
+    awaited): its partials and finals go over the back's Realtime API, deltas reach the session as they come
+    (streamed partials), and its finals are
+    within 5 points of the back's own file reading of each clip (the embedded engine's, `readings`) and of the
+    embedded engine's live reading of the same recording. Then the back goes away: requests fail to connect, are
+    retried, the circuit opens, and the fallback (the front's own embedded engine) answers a file."""
+    comp = live_recording(tmp_path / "live.wav")
+    assert [c.name for c in comp.clips] == LIVE
+    direct_text = embedded_live(shared, engine, tmp_path)
+    service = TranscriptionService(front_settings(
+        "--remote-url", f"{back.url}/v1/audio/transcriptions", "--remote-token", KEY, "--remote-realtime",
+        "--remote-fallback", "--remote-retries", "2"))
+    short = DATA / "speechbrain-spk1_snt3.flac"
 
-        # the back's own file transcription of the same clips, one request each (one upload of the whole
-        # compilation gets only its first clip's text from tiny.en's one 30 s window)
-        back_texts = []
-        for clip in comp.clips:
-            r = httpx.post(f"{back.url}/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"},
-                           files={"file": (clip.name, clip.path.read_bytes())}, timeout=120)
-            assert r.status_code == 200
-            back_texts.append(r.json()["text"])
-        back_text = " ".join(back_texts)
-        front_wer, back_wer = corpus_wer([comp.text], [front_text]), corpus_wer([comp.text], [back_text])
-        print(f"\nWER front (live, via the back's /v1/realtime) {front_wer:.3f}, back (file, per clip) "
-              f"{back_wer:.3f}; {len(finals)} finals, {len(streamed)} streamed partials, "
-              f"{front.health()['realtime_requests']} realtime requests\nfront: {front_text}\nback:  {back_text}")
-        assert front_wer <= back_wer + MARGIN, (front_text, back_text)
-        # and the back's own page, the same audio streamed to it directly: the front should match it
-        direct = check_events(asyncio.run(stream_file(back.url, comp.path, ice_loopback=True)).events)
-        direct_wer = corpus_wer([comp.text], [" ".join(f["text"] for f in direct)])
-        print(f"WER back (live page, direct) {direct_wer:.3f}, {len(direct)} finals")
-        assert front_wer <= direct_wer + MARGIN
+    async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any], str, dict[str, Any]]:
+        await service.start()
+        try:
+            health = service.health()
+            assert health["engine"] == "remote" and health["realtime"] is True and health["in_use"] == "remote"
+            events = await stream(service, comp.path, await_partials=True)
+            live = service.health()
+            # the back goes away: a file's packed windows are asked with timestamps, over HTTP
+            # (realtime/live/coverage.py); the live requests before went over the realtime API
+            await asyncio.to_thread(stop, back)
+            entries = await transcribe_file(short, service.file_worker(), options=TranscribeOptions(),
+                                            window_s=service.settings.file_window_s)
+            for _ in range(50):
+                if service.health()["in_use"] == "fallback":
+                    break
+                await asyncio.sleep(0.2)
+            return events, live, " ".join(e.text for e in entries if e.text), service.health()
+        finally:
+            await service.stop()
 
-        health = front.health()
-        assert health["fallback_requests"] == 0 and health["realtime_requests"] >= len(LIVE)
-        opened = back.log.read_text().count("opened (intent=transcription")
-        assert opened >= health["realtime_requests"], "the back did not see the realtime sessions"
+    with caplog.at_level(logging.INFO, logger="realtime.engines.remote"):
+        events, health, fallback_text, down = asyncio.run(scenario())
+    finals = check_events(events)
+    assert len(finals) >= len(LIVE), [f["text"] for f in finals]  # the VAD also cuts at pauses in a clip
+    streamed = [e for e in events if e["type"] == "partial" and e.get("streaming")]
+    assert streamed, "no deltas reached the session through the realtime backend"
+    front_text = " ".join(f["text"] for f in finals)
+    back_text = " ".join(readings["text"][c.name] for c in comp.clips)
+    front_wer, back_wer = corpus_wer([comp.text], [front_text]), corpus_wer([comp.text], [back_text])
+    direct_wer = corpus_wer([comp.text], [direct_text])
+    print(f"\nWER front (live, via the back's /v1/realtime) {front_wer:.3f}, back (file, per clip) {back_wer:.3f}, "
+          f"embedded (live) {direct_wer:.3f}; {len(finals)} finals, {len(streamed)} streamed partials, "
+          f"{health['realtime_requests']} realtime requests\nfront: {front_text}\nback:  {back_text}")
+    assert front_wer <= back_wer + MARGIN, (front_text, back_text)
+    assert front_wer <= direct_wer + MARGIN, (front_text, direct_text)
+    assert health["fallback_requests"] == 0 and health["realtime_requests"] >= len(LIVE)
+    opened = back.log.read_text().count("opened (intent=transcription")
+    assert opened >= health["realtime_requests"], "the back did not see the realtime sessions"
 
-        # the back goes away: requests fail to connect, are retried, the circuit opens, and the fallback (the
-        # front's own embedded engine) answers. A file's packed windows are asked with timestamps, over HTTP
-        # (realtime/live/coverage.py); the live requests before went over the realtime API
-        stop(back)
-        short = DATA / "speechbrain-spk1_snt3.flac"
-        r = httpx.post(f"{front.url}/v1/audio/transcriptions", files={"file": ("a.flac", short.read_bytes())},
-                       timeout=120)
-        assert r.status_code == 200 and corpus_wer([chosen[short.name].text], [r.json()["text"]]) <= 0.2
-        for _ in range(50):
-            health = front.health()
-            if health["in_use"] == "fallback":
-                break
-            time.sleep(0.2)
-        assert health["in_use"] == "fallback" and health["fallback_requests"] >= 1
-        assert not health["endpoints"][0]["healthy"]
-        log = front.log.read_text()
-        assert "failed: ConnectError" in log and "using the fallback engine" in log
-    finally:
-        stop(front)
+    short_text = next(c.text for c in clips() if c.name == short.name)
+    assert corpus_wer([short_text], [fallback_text]) <= 0.2
+    assert down["in_use"] == "fallback" and down["fallback_requests"] >= 1
+    assert not down["endpoints"][0]["healthy"]
+    assert "failed: ConnectError" in caplog.text and "using the fallback engine" in caplog.text

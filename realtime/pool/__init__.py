@@ -4,8 +4,9 @@ This module owns the pool: one Serve deployment whose replicas each hold a Trans
 made by `create_engine` from the pool's Settings and the app's worker, which batches the requests a replica
 has in flight), and serve the app's own HTTP API (realtime/web/api.py: `/v1/audio/transcriptions` in every
 response format, SSE streaming, translations, `/v1/models`) plus `/health` (the replica's readiness, process
-id and queue figures) on Serve's HTTP proxy. A fixed number of replicas (`--replicas`) or autoscaling on
-ongoing requests (`--autoscale MIN:MAX`). Without `--address` it starts a local Ray cluster bound to
+id, the API requests it holds and queue figures) on Serve's HTTP proxy. A fixed number of replicas
+(`--replicas`) or autoscaling on ongoing requests (`--autoscale MIN:MAX`, `--target-ongoing-requests`,
+`--upscale-delay`, `--downscale-delay`). Without `--address` it starts a local Ray cluster bound to
 127.0.0.1 with no dashboard and no usage statistics; with it, it joins an existing cluster. The app's remote
 engine (`--engine remote --remote-url http://HOST:PORT/v1/audio/transcriptions`) is its front end.
 
@@ -73,6 +74,46 @@ def parse_autoscale(raw: str) -> tuple[int, int]:
     return a, b
 
 
+API_PATHS = ("/v1/audio/", "/api/v1/audio/")
+
+
+class _InProgress:
+    """The transcription requests (`API_PATHS`) a replica holds, counted from the request's start until the last
+    byte of its response is handed on: an upload still arriving (a slow client's) counts, as it holds one of the
+    replica's `max_ongoing_requests`. `GET /health` reports it as `requests`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def middleware(self, app: Any) -> Any:
+        """`app` wrapped as a pure ASGI app that keeps the count."""
+
+        async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or not str(scope.get("path", "")).startswith(API_PATHS):
+                await app(scope, receive, send)
+                return
+            self.count += 1
+            done = False
+
+            def finish() -> None:
+                nonlocal done
+                if not done:
+                    done = True
+                    self.count -= 1
+
+            async def sending(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    finish()  # before the last byte leaves: a client that has its answer sees the count without it
+                await send(message)
+
+            try:
+                await app(scope, receive, sending)
+            finally:
+                finish()
+
+        return counted
+
+
 def replica_app(settings: Settings) -> Any:
     """The ASGI app of one replica (built on the replica): the app's API router on its own service."""
     from fastapi import FastAPI
@@ -95,6 +136,8 @@ def replica_app(settings: Settings) -> Any:
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(create_router(service, lane_hints=True))
+    held = _InProgress()
+    app.add_middleware(held.middleware)
 
     @app.get("/health", include_in_schema=False)
     async def health() -> JSONResponse:
@@ -106,7 +149,7 @@ def replica_app(settings: Settings) -> Any:
         body: dict[str, Any] = {
             "status": "ok" if ready else "starting", "ready": ready, "pid": os.getpid(),
             "replica": serve.get_replica_context().replica_id.unique_id,
-            "node_ip": ray.util.get_node_ip_address(),
+            "node_ip": ray.util.get_node_ip_address(), "requests": held.count,
             **service.engine.describe(),
             "queue": {"files": worker.pending_files, "done": worker.stats.files,
                       "engine_latency_s": round(worker.stats.engine_latency, 4)} if worker else {},
@@ -143,11 +186,13 @@ def build_application(settings: Settings, scaling: Scaling, replica_cpus: float 
 def app(args: dict[str, str]) -> Any:
     """An application builder for Serve configs (`serve run realtime.pool:app replicas=2`, KubeRay's
     serveConfigV2 `import_path: realtime.pool:app`): `replicas` or `autoscale` (MIN:MAX),
-    `target_ongoing_requests`, `replica_cpus`, `replica_gpus`, `max_ongoing_requests`, and any Settings field
-    (`model`, `engine`, `cpu_threads`, ...)."""
+    `target_ongoing_requests`, `upscale_delay_s`, `downscale_delay_s`, `replica_cpus`, `replica_gpus`,
+    `max_ongoing_requests`, and any Settings field (`model`, `engine`, `cpu_threads`, ...)."""
     args = {k.replace("-", "_"): str(v) for k, v in args.items()}
     lo, hi = parse_autoscale(args.pop("autoscale")) if "autoscale" in args else (int(args.pop("replicas", "1")),) * 2
-    scaling = Scaling(lo, hi, target_ongoing_requests=float(args.pop("target_ongoing_requests", "2")))
+    scaling = Scaling(lo, hi, target_ongoing_requests=float(args.pop("target_ongoing_requests", "2")),
+                      upscale_delay_s=float(args.pop("upscale_delay_s", Scaling.upscale_delay_s)),
+                      downscale_delay_s=float(args.pop("downscale_delay_s", Scaling.downscale_delay_s)))
     cpus, gpus = args.pop("replica_cpus", None), args.pop("replica_gpus", None)
     ongoing = args.pop("max_ongoing_requests", None)
     unknown = set(args) - set(Settings.__dataclass_fields__)
@@ -202,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="autoscale between MIN and MAX replicas on ongoing requests")
     parser.add_argument("--target-ongoing-requests", type=float, default=2.0,
                         help="autoscaling: requests in flight per replica that the autoscaler aims at")
+    parser.add_argument("--upscale-delay", type=float, default=Scaling.upscale_delay_s, metavar="S",
+                        help="autoscaling: seconds above the target before a replica is added")
+    parser.add_argument("--downscale-delay", type=float, default=Scaling.downscale_delay_s, metavar="S",
+                        help="autoscaling: seconds below the target before a replica is removed")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join (ray://HOST:10001 or HOST:6379); empty: start a local one on "
                              "127.0.0.1")
@@ -222,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     lo, hi = args.autoscale or ((args.replicas or 1),) * 2
     if lo < 1:
         parser.error("--replicas must be at least 1")
-    scaling = Scaling(lo, hi, target_ongoing_requests=args.target_ongoing_requests)
+    scaling = Scaling(lo, hi, target_ongoing_requests=args.target_ongoing_requests,
+                      upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay)
     cpus = args.replica_cpus if args.replica_cpus is not None else float(settings.cpu_threads or 1)
     gpus = args.replica_gpus if args.replica_gpus is not None else (1.0 if settings.engine == "vllm" else 0.0)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
