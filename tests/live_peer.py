@@ -63,12 +63,14 @@ def outcomes(events: Events) -> dict[int, list[str]]:
     return seen
 
 
-def settled(n: int) -> Callable[[Events], bool]:
-    """Whether n segments have opened and each has its outcome (the server may still be reading the audio after
-    the client has sent its last packet)."""
+def settled(n: int, reaching: float = 0.0) -> Callable[[Events], bool]:
+    """Whether n segments have opened and each has its outcome, one of them ending at `reaching` seconds of the
+    recording or later (say the start of its last sentence): the server may still be reading the audio after the
+    client has sent its last packet, and a segment it has not opened yet has no outcome to wait for."""
     def check(events: Events) -> bool:
         seen = outcomes(events)
-        return len(seen) >= n and all(seen.values())
+        ends = [e["audio_end"] for e in events if e["type"] in ("final", "error")]
+        return len(seen) >= n and all(seen.values()) and max(ends, default=-1.0) >= reaching
     return check
 
 
@@ -139,9 +141,11 @@ class Peer:
             assert time.monotonic() < deadline, f"timed out; events: {self.summary()}"
             await asyncio.sleep(0.05)
 
-    async def finished(self, n: int, timeout: float = SETTLE_S) -> None:
-        """Until the whole recording has been sent and n segments have their outcomes."""
-        await self.until(lambda ev: self.track.done.is_set() and settled(n)(ev), timeout)
+    async def finished(self, n: int, reaching: float = 0.0, timeout: float = SETTLE_S) -> None:
+        """Until the whole recording has been sent and n segments have their outcomes, one ending at `reaching` or
+        later (`settled`)."""
+        done = settled(n, reaching)
+        await self.until(lambda ev: self.track.done.is_set() and done(ev), timeout)
 
     def summary(self) -> list[tuple[Any, ...]]:
         return [(e["type"], e.get("segment"), e.get("text") or e.get("message") or e.get("reason"))

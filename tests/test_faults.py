@@ -119,7 +119,7 @@ def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(f
                 _answering(endpoint)
                 await asyncio.to_thread(_healthy, app)
                 back.set()
-                await peer.finished(3)
+                await peer.finished(3, reaching=speech.spans[2][0])
                 return peer
 
         peer = asyncio.run(live())

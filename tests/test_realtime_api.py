@@ -30,6 +30,7 @@ import soundfile as sf
 import soxr
 import websockets
 from live_apps import KEY, LIMIT
+from live_peer import Peer
 from openai import AsyncOpenAI
 
 from realtime.audio import SAMPLE_RATE, decode_file
@@ -157,12 +158,15 @@ class Recorder:
         await conn.session.update(session={"type": "transcription"})
         await self.until(lambda: len(self.of("session.updated")) > n, SETTLE_S)
 
-    def items_done(self) -> bool:
-        """Every item the server VAD opened has been stopped and completed (or failed)."""
+    def items_done(self, reaching: float = 0.0) -> bool:
+        """Every item the server VAD opened has been stopped and completed (or failed), and one stopped at `reaching`
+        seconds of the audio or later (say its last utterance's start: the server may still be reading audio that a
+        real-time client has sent, and an item it has not opened yet has nothing to wait for)."""
         started = len(self.of("input_audio_buffer.speech_started"))
         ended = len(self.of("conversation.item.input_audio_transcription.completed")) + len(
             self.of("conversation.item.input_audio_transcription.failed"))
-        return started >= 1 and len(self.of("input_audio_buffer.speech_stopped")) == started == ended
+        stops = [e.audio_end_ms / 1000 for e in self.of("input_audio_buffer.speech_stopped")]
+        return started >= 1 and len(stops) == started == ended and max(stops) >= reaching
 
 
 async def append(conn: Any, audio16k: np.ndarray, fmt: str = "audio/pcm", realtime: bool = False) -> float:
@@ -603,7 +607,8 @@ def test_webrtc_call_with_an_ephemeral_secret(keyed_app, readings, tmp_path):
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
                 await rec.until(lambda: bool(rec.events), timeout=30)
                 channel.send(json.dumps({"type": "no.such.event", "event_id": "evt_1"}))
-                await rec.until(lambda: track.all_done.is_set() and rec.items_done(), timeout=SETTLE_S)
+                await rec.until(lambda: track.all_done.is_set() and rec.items_done(reaching=comp.spans[-1][0]),
+                                timeout=SETTLE_S)
                 r = await http.post(f"/v1/realtime/calls/{call}/hangup", headers={"Authorization": f"Bearer {KEY}"})
                 assert r.status_code == 200
             finally:
@@ -724,27 +729,28 @@ def test_a_realtime_session_and_a_page_session_share_the_engine(keyed_app, readi
     """A Realtime API session and a page session (WebRTC, /webrtc/offer) at the same time on the one engine (the
     realtime audio goes in once the page's speech has started): each gets its own speech back, as well as the file
     reading of its clips."""
-    from realtime.bench.client import stream_file
-
     ours_clips, page_clips = pick(PICKED_MANUAL), pick(PICKED_G711[:2])
     ours = compilation(ours_clips, tmp_path / "ours.wav")
     page = compilation(page_clips, tmp_path / "page.wav")
 
-    async def both() -> tuple[Recorder, Any]:
+    async def both() -> tuple[Recorder, Peer]:
         speaking = asyncio.Event()
+        peer = Peer(keyed_app.url, decode_file(page.path))
 
-        def on_page_event(event: dict[str, Any]) -> None:
-            if event["type"] == "speech_started":
+        async def page_session() -> Peer:
+            async with peer:
+                await peer.until(lambda ev: any(e["type"] == "speech_started" for e in ev))
                 speaking.set()
+                await peer.finished(len(page_clips), reaching=page.spans[-1][0])
+            return peer
 
         return await asyncio.gather(live_session(keyed_app, decode_file(ours.path), "audio/pcm", start=speaking),
-                                    stream_file(keyed_app.url, page.path, ice_loopback=True, on_event=on_page_event,
-                                                settle_timeout=SETTLE_S))
+                                    page_session())
 
-    rec, result = run(both())
+    rec, peer = run(both())
     items = check_items(rec)
     live = per_clip(items, ours.spans)
-    page_text = " ".join(e["text"] for e in result.events if e["type"] == "final")
+    page_text = " ".join(e["text"] for e in peer.events if e["type"] == "final")
     files = [readings["text"][c.name] for c in ours_clips + page_clips]
     live_wer, file_wer = corpus_wer(ours.texts, live), corpus_wer(ours.texts, files[:2])
     page_wer, page_file_wer = corpus_wer([page.text], [page_text]), corpus_wer([page.text], [" ".join(files[2:])])

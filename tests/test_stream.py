@@ -61,7 +61,7 @@ def live(app: App, speech_dir) -> Live:
 
     async def stream() -> Peer:
         async with Peer(app.url, decode_file(speech.path), gates=gates) as peer:
-            await peer.finished(len(speech.texts))
+            await peer.finished(len(speech.texts), reaching=speech.spans[-1][0])
             return peer
 
     before = scrape(app.url)
@@ -138,15 +138,21 @@ def test_two_clients_each_get_their_own_transcript(app, speech_dir):
     a = compose(speech_dir / "a.wav", SENTENCES[3:5], gaps=[1.2])
     b = compose(speech_dir / "b.wav", SENTENCES[5:7], gaps=[1.0])
 
-    async def both():
-        return await asyncio.gather(stream_file(app.url, a.path, ice_loopback=True, settle_timeout=SETTLE_S),
-                                    stream_file(app.url, b.path, ice_loopback=True, settle_timeout=SETTLE_S))
+    async def both() -> list[Peer]:
+        return list(await asyncio.gather(heard(app, a), heard(app, b)))
 
-    ra, rb = asyncio.run(both())
-    text_a = " ".join(e["text"] for e in check_events(ra.events))
-    text_b = " ".join(e["text"] for e in check_events(rb.events))
+    pa, pb = asyncio.run(both())
+    text_a = " ".join(e["text"] for e in check_events(pa.events))
+    text_b = " ".join(e["text"] for e in check_events(pb.events))
     assert wer(a.text, text_a) <= 0.2 and wer(b.text, text_b) <= 0.2
     assert wer(b.text, text_a) > 0.7 and wer(a.text, text_b) > 0.7, "transcripts were mixed"
+
+
+async def heard(app: App, speech: Speech) -> Peer:
+    """A client that streams `speech` in real time until each of its sentences has been heard and answered."""
+    async with Peer(app.url, decode_file(speech.path)) as peer:
+        await peer.finished(len(speech.texts), reaching=speech.spans[-1][0])
+        return peer
 
 
 def test_stream_command_prints_json_lines_and_summary(app, speech_dir):
@@ -207,7 +213,7 @@ def test_concurrency_limit_refuses_clearly_then_admits(keyed_app, speech_dir):
                 await stream_file(keyed_app.url, short.path, ice_loopback=True)
             await holders[0].pc.close()
             await _connections(keyed_app, lambda n: n < LIMIT)
-            return await stream_file(keyed_app.url, short.path, ice_loopback=True, settle_timeout=SETTLE_S)
+            return await heard(keyed_app, short)
 
     later = asyncio.run(scenario())
-    assert wer(short.text, later.summary["text"]) <= 0.2
+    assert wer(short.text, " ".join(e["text"] for e in check_events(later.events))) <= 0.2

@@ -10,10 +10,9 @@ import httpx
 import numpy as np
 import pytest
 from live_apps import KEY
-from live_peer import SETTLE_S, Peer
+from live_peer import Peer
 
-from realtime.audio import SAMPLE_RATE
-from realtime.bench.client import stream_file
+from realtime.audio import SAMPLE_RATE, decode_file
 
 from speech import SENTENCES, compose, wer
 
@@ -31,7 +30,13 @@ def test_transcript_needs_the_key_or_the_sessions_token(keyed_app, speech_dir):
     """The offer's answer hands its poster the session's token; the transcript and its events open with the token or
     the key, not without, with a wrong token or a wrong key; an offer that reuses the id gets no token."""
     speech = compose(speech_dir / "keyed.wav", SENTENCES[:1], tail=0.5)
-    result = asyncio.run(stream_file(keyed_app.url, speech.path, ice_loopback=True, settle_timeout=SETTLE_S))
+
+    async def stream() -> Peer:
+        async with Peer(keyed_app.url, decode_file(speech.path)) as peer:
+            await peer.finished(1, reaching=speech.spans[0][0])
+            return peer
+
+    result = asyncio.run(stream())
     assert result.token, "the offer's answer hands its poster the session's token"
     finals = [e for e in result.events if e["type"] == "final"]
     assert len(finals) == 1, "the client read the event stream with its token"
