@@ -1,23 +1,27 @@
-"""Drive every part of the page in headless Chromium against one launched app; write what happened as JSON.
+"""Drive every part of the page in headless Chromium against launched apps; write what happened as JSON.
 
 Run by tests/test_page.py inside a loopback-only network namespace:
     unshare --net bash -c 'ip link set lo up && exec python tests/page_check.py --mic W --upload F --out O --shots D'
-One app (`python app.py --ice-loopback`, conftest.launch), one browser whose fake microphone loops `--mic`:
+The default app (`python app.py --ice-loopback`, conftest.launch) and one browser whose fake microphone loops
+`--mic`:
 - `live`: the live view transcribes the microphone; lines, downloads (fetched from the page), the copy button;
   then stop and start again: does the transcript carry on;
 - `captions`: `?view=captions` while it transcribes: which lines are visible and how large;
-- `file`: the file tab and its drop zone reached with the keyboard, `--upload` given, progress and text
-  polled until done;
+- `file`: the file tab and its drop zone reached with the keyboard, `--upload` given, every progress state the
+  page shows recorded until done;
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
-- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps;
-- `speakers` (with `--speakers-mic`): a third app with `--diarize`: the file tab and the live view label who
-  spoke each line, and a speaker renamed on the page is renamed in the download;
-- `language` (with `--language-mic`): a second app on the multilingual base model and a second browser whose
+- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps.
+The live scenario also records the language picker of the default (English-only) model. Beside them, in a thread
+of their own, each with its own browser, two more apps, launched at the start and used one after the other:
+- `language` (with `--language-mic`): an app on the multilingual base model (`--model base`) and a browser whose
   microphone loops `--language-mic` (German): German picked with the keyboard, the live view transcribing, then
-  Translate to English switched on mid-session; before the live session, the file tab is given
-  `--language-upload` with German picked.
-The live scenario also records the language picker of the default (English-only) model. Every request any page
-makes is recorded.
+  Translate to English switched on mid-session; before the live session, the file tab is given `--language-upload`
+  with German picked;
+- `speakers` (with `--speakers-mic`): an app with speaker labels (`--diarize`) and a browser whose microphone loops
+  people taking turns: the file tab (given the same recording) and the live view label who spoke each line, and a
+  speaker renamed on the page is renamed in the download.
+Every request any page makes is recorded. Every wait is for something the page shows, with a deadline that only a
+fault reaches.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 from browser_check import FLAGS, KEEP_PCS
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
@@ -58,6 +63,13 @@ PROGRESS = """() => { const p = document.querySelector("#rt-file-progress .rt-pr
            value: bar ? bar.value : null, label: p?.innerText.trim() ?? "",
            error: document.querySelector("#rt-file-progress .rt-progress-error")?.innerText ?? null,
            lines: [...document.querySelectorAll("#rt-file-text .rt-final")].map((e) => e.textContent.trim()) }; }"""
+WATCH_PROGRESS = f"""(() => {{ window.__progress = []; const read = {PROGRESS};
+  const key = (s) => [s.done, s.total, s.state, s.lines.length, !!s.error].join();
+  new MutationObserver(() => {{ const s = read(), last = window.__progress.at(-1);
+    if (s.state !== null && (!last || key(last) !== key(s))) window.__progress.push(s); }})
+    .observe(document, {{ childList: true, subtree: true, characterData: true, attributes: true }}); }})();"""
+"""Every progress state the file tab shows, in order, as the page renders it (window.__progress): none is missed
+between two reads."""
 OVERFLOW = """() => ({ width: innerWidth, scroll: document.documentElement.scrollWidth,
   wide: [...document.querySelectorAll(
     "#rt-webrtc, #rt-language, #rt-transcript, #rt-status, #rt-file-input, #rt-tabs button")]
@@ -70,6 +82,12 @@ PICKER = """() => { const box = document.querySelector("#rt-language input");
   return { present: !!box, value: box?.value ?? null, disabled: box ? box.disabled : null,
            visible: !!box && box.offsetParent !== null,
            translate: !!toggle && toggle.offsetParent !== null, translating: !!toggle?.checked }; }"""
+
+
+DEADLINE_S = 300.0
+"""How long a scenario waits for a line or a file's progress to show: reached only when something is wrong, not
+when the machine is busy (the multilingual model live on a loaded 2-core machine took over 2 minutes to a first
+final)."""
 
 
 def finals(page: Page) -> list[str]:
@@ -91,10 +109,20 @@ def start_live(context: BrowserContext, url: str, before: Callable[[Page], None]
 
 
 def wait_finals(page: Page, n: int, timeout: float) -> list[str]:
+    """The final lines once there are `n` (or what there is after `timeout`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and len(finals(page)) < n:
         page.wait_for_timeout(200)
     return finals(page)
+
+
+def shows(page: Page, condition: str, timeout: float, arg: Any = None) -> bool:
+    """Whether the page comes to satisfy `condition` (a JS function of `arg`) within `timeout` seconds."""
+    try:
+        page.wait_for_function(condition, arg=arg, timeout=timeout * 1000)
+        return True
+    except PlaywrightError:
+        return False
 
 
 def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
@@ -106,8 +134,7 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
         const n = document.querySelectorAll("#rt-transcript .rt-final").length;
         if (n !== last) { last = n; console.log(`rt-finals ${n}`); } }).observe(document.body,
         { childList: true, subtree: true, characterData: true }); }""")
-    r: dict[str, Any] = {"picker": picker, "finals": wait_finals(page, 2, 90), "console": console}
-    page.wait_for_timeout(300)
+    r: dict[str, Any] = {"picker": picker, "finals": wait_finals(page, 2, DEADLINE_S), "console": console}
     r["lines"] = page.evaluate(LINES, "#rt-transcript")
     r["status"] = page.inner_text("#rt-status")
     links = page.evaluate(LINKS, "#rt-status")
@@ -116,7 +143,7 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     shown = finals(page)
     page.focus("#rt-copy")
     page.keyboard.press("Enter")
-    page.wait_for_timeout(500)
+    shows(page, "() => !!document.getElementById('rt-say')?.textContent", 10)
     r["copied"] = page.evaluate("() => navigator.clipboard.readText()")
     r["shown_at_copy"] = shown
     r["said"] = page.evaluate("() => document.getElementById('rt-say')?.textContent ?? ''")
@@ -126,7 +153,6 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     button.click(timeout=10_000)
     page.wait_for_function("""() => /record/i.test(document.querySelector(
         '#rt-webrtc button[aria-label="start stream"]').textContent)""", timeout=10_000)
-    page.wait_for_timeout(1500)
     # the stopped session's lines stay; a page on a busy machine may still be re-rendering them (ci14: none shown
     # 1.5 s after the stop, both there after the restart)
     r["restart_before"] = wait_finals(page, len(shown), 30)
@@ -134,8 +160,7 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     r["restart_before_status"] = page.inner_text("#rt-status")
     console.append(f"{time.monotonic():.1f} -- started again")
     button.click(timeout=10_000)
-    r["restart_after"] = wait_finals(page, len(r["restart_before"]) + 1, 90)
-    page.wait_for_timeout(300)
+    r["restart_after"] = wait_finals(page, len(r["restart_before"]) + 1, DEADLINE_S)
     r["restart_lines"] = page.evaluate(LINES, "#rt-transcript")
     r["restart_downloads"] = page.evaluate(FETCH, page.evaluate(LINKS, "#rt-status"))
     r["restart_links"] = page.evaluate(LINKS, "#rt-status")
@@ -146,7 +171,7 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
 def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     page = start_live(context, f"{app.url}/?view=captions")
     seen: list[list[str]] = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + DEADLINE_S
     lines: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         lines = page.evaluate(LINES, "#rt-transcript")
@@ -169,6 +194,7 @@ def file_tab(browser: Browser, app: App, upload: Path, requests: list[str], shot
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.on("request", lambda q: requests.append(q.url))
     page = context.new_page()
+    page.add_init_script(WATCH_PROGRESS)
     page.on("websocket", lambda ws: requests.append(ws.url))
     page.goto(app.url, wait_until="load")
     page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone").wait_for(timeout=30_000)
@@ -196,31 +222,18 @@ def file_tab(browser: Browser, app: App, upload: Path, requests: list[str], shot
         if page.evaluate("() => !!document.activeElement.closest('#rt-file-input')"):
             break
     page.locator("#rt-file-input input[type=file]").set_input_files(str(upload))
-    states: list[dict[str, Any]] = []
-    shot = False
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        s = page.evaluate(PROGRESS)
-        if not states or (s["done"], s["total"], s["state"], len(s["lines"])) != (
-                states[-1]["done"], states[-1]["total"], states[-1]["state"], len(states[-1]["lines"])):
-            states.append(s)
-        if not shot and s["state"] == "running" and s["done"] >= 1:
-            page.screenshot(path=str(shots / "page-file.png"))
-            shot = True
-        if s["state"] == "done" or s["error"]:
-            break
-        page.wait_for_timeout(100)
-    page.wait_for_timeout(300)
+    r["mid_shot"] = shows(page, """() => window.__progress.some((s) => s.state === "running" && s.done >= 1
+        && s.lines.length)""", DEADLINE_S)
+    if r["mid_shot"]:
+        page.screenshot(path=str(shots / "page-file.png"))
+    shows(page, """() => { const s = window.__progress.at(-1); return !!s && (s.state === "done" || !!s.error); }""",
+          DEADLINE_S)
     links = page.evaluate(LINKS, "#rt-file-downloads")
-    r.update(states=states, mid_shot=shot, final=page.evaluate(PROGRESS),
+    r.update(states=page.evaluate("() => window.__progress"), final=page.evaluate(PROGRESS),
              lines=page.evaluate(LINES, "#rt-file-text"),
              downloads={ext: base64.b64decode(href.split(",", 1)[1]).decode() for ext, href in links.items()
                         if href.startswith("data:")}, link_schemes=[h.split(":", 1)[0] for h in links.values()])
     context.close()
-    with upload.open("rb") as f:  # the same recording through the HTTP API, for comparison
-        api = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": (upload.name, f)},
-                         data={"response_format": "json"}, timeout=300)
-    r["api_text"] = api.json().get("text")
     return r
 
 
@@ -245,9 +258,7 @@ def phone(browser: Browser, app: App, requests: list[str], shots: Path) -> dict[
 
 def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     page = start_live(context, app.url)
-    r: dict[str, Any] = {"before": wait_finals(page, 1, 90)}
-    page.wait_for_timeout(200)
-    r["before"] = finals(page)
+    r: dict[str, Any] = {"before": wait_finals(page, 1, DEADLINE_S)}
     app.proc.kill()
     app.proc.wait(10)
     deadline = time.monotonic() + 60
@@ -269,118 +280,167 @@ def english(lines: list[str]) -> bool:
 
 def poll_file(page: Page, timeout: float) -> dict[str, Any]:
     """The file tab's progress once it is done (or failed, or `timeout` passed)."""
-    deadline = time.monotonic() + timeout
-    s = page.evaluate(PROGRESS)
-    while time.monotonic() < deadline and s["state"] != "done" and not s["error"]:
-        page.wait_for_timeout(200)
-        s = page.evaluate(PROGRESS)
-    return s
+    shows(page, f"""() => {{ const s = ({PROGRESS})(); return s.state === "done" || !!s.error; }}""", timeout)
+    return page.evaluate(PROGRESS)
 
 
-def language(p: Playwright, tmp: Path, mic: Path, upload: Path, requests: list[str], origins: list[str],
-             shots: Path) -> dict[str, Any]:
+def language(p: Playwright, app: App, mic: Path, upload: Path, requests: list[str], shots: Path) -> dict[str, Any]:
     t0 = time.monotonic()
-    app = launch(tmp, "--model", "base", timeout=180)
-    origins.append(app.url)
-    marks: dict[str, float] = {"ready": round(time.monotonic() - t0, 1)}
-    try:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
-        context = browser.new_context(viewport={"width": 1280, "height": 800})
-        context.on("request", lambda q: requests.append(q.url))
-        r: dict[str, Any] = {"marks": marks}
+    marks: dict[str, float] = {}
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.on("request", lambda q: requests.append(q.url))
+    r: dict[str, Any] = {"marks": marks}
 
-        def pick_german(page: Page) -> None:
-            r["picker"] = page.evaluate(PICKER)
-            page.focus("#rt-language input")  # the keyboard: type over the value to filter, then pick the match
-            page.keyboard.press("ControlOrMeta+a")
-            page.keyboard.type("Germ")
-            page.keyboard.press("ArrowDown")
-            page.keyboard.press("Enter")
-            page.keyboard.press("Tab")
-            page.wait_for_timeout(300)
-            r["chosen"] = page.evaluate(PICKER)
-            page.get_by_role("tab", name="File").click()  # before the live session: the file lane waits behind it
-            page.locator("#rt-file-input input[type=file]").set_input_files(str(upload))
-            r["file"] = poll_file(page, 90)
-            r["file_lines"] = page.evaluate(LINES, "#rt-file-text")
-            r["file_note"] = page.inner_text("#rt-file-language")
-            marks["file"] = round(time.monotonic() - t0, 1)
-            page.get_by_role("tab", name="Live").click()
-
-        page = start_live(context, app.url, pick_german)
-        page.on("websocket", lambda ws: requests.append(ws.url))
-        wait_finals(page, 1, 120)
-        page.wait_for_timeout(300)
-        r["german"] = page.evaluate(LINES, "#rt-transcript")
-        marks["german"] = round(time.monotonic() - t0, 1)
-        r["toggled_at"] = len(finals(page))
-        page.focus("#rt-translate input[type=checkbox]")
-        page.keyboard.press("Space")
-        r["toggled"] = page.evaluate(PICKER)
-        # segments queued before the toggle keep German: wait for a final that reads as English
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not english(finals(page)[r["toggled_at"]:][-1:]):
-            page.wait_for_timeout(200)
-        page.wait_for_timeout(300)
-        r["translated"] = page.evaluate(LINES, "#rt-transcript")
-        marks["translated"] = round(time.monotonic() - t0, 1)
-        page.screenshot(path=str(shots / "page-language.png"))
-        context.close()
-        browser.close()
-        return r
-    finally:
-        stop(app)
-
-
-def speakers(p: Playwright, tmp: Path, mic: Path, requests: list[str], origins: list[str],
-             shots: Path) -> dict[str, Any]:
-    """A second app with `--diarize` and a browser whose microphone loops a conversation: the file tab labels the
-    conversation's lines; the live view labels its finals, a speaker is renamed, and the download has the name."""
-    app = launch(tmp, "--diarize", timeout=180)
-    origins.append(app.url)
-    try:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
-        context = browser.new_context(viewport={"width": 1280, "height": 800})
-        context.on("request", lambda q: requests.append(q.url))
-        r: dict[str, Any] = {}
-
-        def upload_first(page: Page) -> None:
-            r["toggle"] = page.evaluate("""() => { const t = document.querySelector("#rt-speakers input");
-                return { visible: !!t && t.offsetParent !== null, checked: !!t?.checked }; }""")
-            page.get_by_role("tab", name="File").click()  # before the live session: the file lane waits behind it
-            page.locator("#rt-file-input input[type=file]").set_input_files(str(mic))
-            r["file"] = poll_file(page, 300)
-            r["file_lines"] = page.evaluate(LINES, "#rt-file-text")
-            page.get_by_role("tab", name="Live").click()
-
-        page = start_live(context, app.url, upload_first)
-        page.on("websocket", lambda ws: requests.append(ws.url))
-        # once four voices have spoken: every one of those lines labelled (the microphone goes on, and on a busy
-        # machine a newer final may always be waiting for the speaker model)
-        deadline = time.monotonic() + 300
-        r["settled"] = 0
-        while time.monotonic() < deadline:
-            lines = [x for x in page.evaluate(LINES, "#rt-transcript") if x["final"]]
-            if not r["settled"] and len(lines) >= 5:
-                r["settled"] = len(lines)
-            if r["settled"] and all(x["speaker"] for x in lines[:r["settled"]]):
-                break
-            page.wait_for_timeout(300)
-        r["lines"] = page.evaluate(LINES, "#rt-transcript")
-        page.screenshot(path=str(shots / "page-speakers.png"))
-        page.fill("#rt-rename textarea, #rt-rename input", "Speaker 1 = Alice")
+    def pick_german(page: Page) -> None:
+        r["picker"] = page.evaluate(PICKER)
+        page.focus("#rt-language input")  # the keyboard: type over the value to filter, then pick the match
+        page.keyboard.press("ControlOrMeta+a")
+        page.keyboard.type("Germ")
+        page.keyboard.press("ArrowDown")
         page.keyboard.press("Enter")
-        page.wait_for_function("""() => [...document.querySelectorAll("#rt-transcript .rt-speaker")]
-            .some((e) => e.textContent.trim() === "Alice")""", timeout=20_000)
-        r["renamed"] = page.evaluate(LINES, "#rt-transcript")
-        r["downloads"] = page.evaluate(FETCH, page.evaluate(LINKS, "#rt-status"))
-        context.close()
-        browser.close()
-        return r
+        page.keyboard.press("Tab")
+        shows(page, f"() => ({PICKER})().value === 'German (de)'", 10)
+        r["chosen"] = page.evaluate(PICKER)
+        page.get_by_role("tab", name="File").click()  # before the live session: the file lane waits behind it
+        shows(page, "() => document.querySelector('#rt-file-language')?.innerText.includes('German (de)')", 10)
+        page.locator("#rt-file-input input[type=file]").set_input_files(str(upload))
+        r["file"] = poll_file(page, DEADLINE_S)
+        r["file_lines"] = page.evaluate(LINES, "#rt-file-text")
+        r["file_note"] = page.inner_text("#rt-file-language")
+        marks["file"] = round(time.monotonic() - t0, 1)
+        page.get_by_role("tab", name="Live").click()
+
+    page = start_live(context, app.url, pick_german)
+    page.on("websocket", lambda ws: requests.append(ws.url))
+    wait_finals(page, 1, DEADLINE_S)
+    r["german"] = page.evaluate(LINES, "#rt-transcript")
+    marks["german"] = round(time.monotonic() - t0, 1)
+    r["toggled_at"] = len([line for line in r["german"] if line["final"]])
+    page.focus("#rt-translate input[type=checkbox]")
+    page.keyboard.press("Space")
+    r["toggled"] = page.evaluate(PICKER)
+    # segments queued before the toggle keep German: wait for a final that reads as English
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline and not english(finals(page)[r["toggled_at"]:][-1:]):
+        page.wait_for_timeout(200)
+    r["translated"] = page.evaluate(LINES, "#rt-transcript")
+    marks["translated"] = round(time.monotonic() - t0, 1)
+    page.screenshot(path=str(shots / "page-language.png"))
+    context.close()
+    browser.close()
+    return r
+
+
+def speakers(p: Playwright, app: App, mic: Path, requests: list[str], shots: Path) -> dict[str, Any]:
+    """A browser whose microphone loops a conversation: the file tab labels the conversation's lines; the live
+    view labels its finals, a speaker is renamed, and the download has the name."""
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.on("request", lambda q: requests.append(q.url))
+    r: dict[str, Any] = {}
+
+    def upload_first(page: Page) -> None:
+        r["toggle"] = page.evaluate("""() => { const t = document.querySelector("#rt-speakers input");
+            return { visible: !!t && t.offsetParent !== null, checked: !!t?.checked }; }""")
+        page.get_by_role("tab", name="File").click()  # before the live session: the file lane waits behind it
+        page.locator("#rt-file-input input[type=file]").set_input_files(str(mic))
+        r["file"] = poll_file(page, DEADLINE_S)
+        r["file_lines"] = page.evaluate(LINES, "#rt-file-text")
+        page.get_by_role("tab", name="Live").click()
+
+    page = start_live(context, app.url, upload_first)
+    page.on("websocket", lambda ws: requests.append(ws.url))
+    # once four voices have spoken: every one of those lines labelled (the microphone goes on, and on a busy
+    # machine a newer final may always be waiting for the speaker model)
+    deadline = time.monotonic() + DEADLINE_S
+    r["settled"] = 0
+    while time.monotonic() < deadline:
+        lines = [x for x in page.evaluate(LINES, "#rt-transcript") if x["final"]]
+        if not r["settled"] and len(lines) >= 5:
+            r["settled"] = len(lines)
+        if r["settled"] and all(x["speaker"] for x in lines[:r["settled"]]):
+            break
+        page.wait_for_timeout(300)
+    r["lines"] = page.evaluate(LINES, "#rt-transcript")
+    page.screenshot(path=str(shots / "page-speakers.png"))
+    page.fill("#rt-rename textarea, #rt-rename input", "Speaker 1 = Alice")
+    page.keyboard.press("Enter")
+    page.wait_for_function("""() => [...document.querySelectorAll("#rt-transcript .rt-speaker")]
+        .some((e) => e.textContent.trim() === "Alice")""", timeout=20_000)
+    r["renamed"] = page.evaluate(LINES, "#rt-transcript")
+    r["downloads"] = page.evaluate(FETCH, page.evaluate(LINKS, "#rt-status"))
+    context.close()
+    browser.close()
+    return r
+
+
+Scenario = tuple[str, Callable[[], dict[str, Any]]]
+
+
+def run_all(scenarios: list[Scenario], results: dict[str, Any], only: list[str] | None) -> None:
+    """Each scenario in order, its result (or the exception it raised: the next one still runs) and its seconds
+    into `results`."""
+    for name, run in scenarios:
+        if only and name not in only:
+            continue
+        t0 = time.monotonic()
+        try:
+            results[name] = run()
+        except Exception as exc:  # recorded for the test to report
+            results[name] = {"exception": repr(exc)}
+        results["timings"][name] = round(time.monotonic() - t0, 1)
+
+
+OTHER_APPS = {"language": ("--model", "base"), "speakers": ("--diarize",)}
+"""The apps of the scenarios beside the default app's, by scenario: each launched at the start (their start-up
+overlaps the default app's scenarios), then used one after the other."""
+
+
+def other_apps(a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The multilingual app's and the speaker-labelling app's scenarios, one after the other (in a thread of their
+    own, with their own Playwright), each app stopped once its scenario is done."""
+    mics = {"language": a.language_mic, "speakers": a.speakers_mic}
+    names = [n for n in OTHER_APPS if mics[n] and (not a.only or n in a.only)]
+    if not names:
+        return
+    starting = ThreadPoolExecutor(len(names))
+    t0 = time.monotonic()
+    launches = {n: starting.submit(launch, a.out.parent, *OTHER_APPS[n], timeout=180) for n in names}
+    starting.shutdown(wait=False)
+    scenarios: dict[str, Callable[[Playwright, App], dict[str, Any]]] = {
+        "language": lambda p, app: language(p, app, a.language_mic, a.language_upload, results["requests"],
+                                            a.artifacts),
+        "speakers": lambda p, app: speakers(p, app, a.speakers_mic, results["requests"], a.shots),
+    }
+    apps: list[App] = []
+    try:
+        with sync_playwright() as p:
+            for name in names:
+                try:
+                    app = launches[name].result()
+                except Exception as exc:
+                    results[name] = {"exception": f"the app ({' '.join(OTHER_APPS[name])}) did not start: {exc!r}"}
+                    continue
+                apps.append(app)
+                results["timings"][f"{name}_app_ready"] = round(time.monotonic() - t0, 1)
+                results["origins"].append(app.url)
+                try:
+                    run_all([(name, lambda run=scenarios[name], app=app: run(p, app))], results, None)
+                finally:
+                    stop(app)
+                    results[f"{name}_app_log"] = app.log.read_text()[-6000:]
     finally:
-        stop(app)
+        for future in launches.values():  # an app still starting when a scenario before it failed
+            if not future.cancel():
+                try:
+                    app = future.result()
+                except Exception:
+                    continue
+                if app not in apps:
+                    stop(app)
 
 
 def main() -> None:
@@ -390,48 +450,40 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shots", type=Path, required=True, help="folder for the README's screenshots")
     ap.add_argument("--artifacts", type=Path, required=True, help="folder for the other screenshots")
-    ap.add_argument("--language-mic", type=Path, help="the second browser's microphone (German, looped)")
+    ap.add_argument("--language-mic", type=Path, help="the multilingual app's browser's microphone (German, looped)")
     ap.add_argument("--language-upload", type=Path, help="the recording its file tab is given (not German)")
-    ap.add_argument("--speakers-mic", type=Path, help="a third browser's microphone: people taking turns (looped)")
+    ap.add_argument("--speakers-mic", type=Path, help="the speaker-labelling app's browser's microphone: people "
+                    "taking turns (looped); also its file tab's upload")
     ap.add_argument("--only", nargs="*", help="run only these scenarios")
     a = ap.parse_args()
-    results: dict[str, Any] = {"requests": [], "timings": {}}
-    app = launch(a.out.parent)
-    results["origin"] = app.url
-    results["origins"] = [app.url]  # and the second app's, where a scenario launches one
+    results: dict[str, Any] = {"requests": [], "timings": {}, "origins": []}  # origins: each app's address
+    other = threading.Thread(target=other_apps, args=(a, results))
+    other.start()
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                        args=[*FLAGS, f"--use-file-for-fake-audio-capture={a.mic.resolve()}"])
-            context = browser.new_context(viewport={"width": 1280, "height": 800})
-            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app.url)
-            context.on("request", lambda q: results["requests"].append(q.url))
-            context.on("page", lambda pg: pg.on("websocket", lambda ws: results["requests"].append(ws.url)))
-            for name, run in (
-                ("live", lambda: live(context, app, a.shots)),
-                ("captions", lambda: captions(context, app, a.shots)),
-                ("file", lambda: file_tab(browser, app, a.upload, results["requests"], a.shots)),
-                ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
-                ("drop", lambda: drop(context, app, a.artifacts)),
-                ("language", lambda: language(p, a.out.parent, a.language_mic, a.language_upload,
-                                              results["requests"], results["origins"], a.artifacts)),
-                ("speakers", lambda: speakers(p, a.out.parent, a.speakers_mic, results["requests"],
-                                              results["origins"], a.shots)),
-            ):
-                if (name == "language" and not a.language_mic) or (name == "speakers" and not a.speakers_mic):
-                    continue
-                if a.only and name not in a.only:
-                    continue
-                t0 = time.monotonic()
-                try:
-                    results[name] = run()
-                except Exception as exc:  # recorded for the test to report; the next scenario still runs
-                    results[name] = {"exception": repr(exc)}
-                results["timings"][name] = round(time.monotonic() - t0, 1)
-            browser.close()
+        app = launch(a.out.parent)
+        results["origin"] = app.url
+        results["origins"].append(app.url)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                            args=[*FLAGS, f"--use-file-for-fake-audio-capture={a.mic.resolve()}"])
+                context = browser.new_context(viewport={"width": 1280, "height": 800})
+                context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app.url)
+                context.on("request", lambda q: results["requests"].append(q.url))
+                context.on("page", lambda pg: pg.on("websocket", lambda ws: results["requests"].append(ws.url)))
+                run_all([
+                    ("live", lambda: live(context, app, a.shots)),
+                    ("captions", lambda: captions(context, app, a.shots)),
+                    ("file", lambda: file_tab(browser, app, a.upload, results["requests"], a.shots)),
+                    ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
+                    ("drop", lambda: drop(context, app, a.artifacts)),  # last: it kills the app
+                ], results, a.only)
+                browser.close()
+        finally:
+            stop(app)
+            results["app_log"] = app.log.read_text()[-6000:]
     finally:
-        stop(app)
-        results["app_log"] = app.log.read_text()[-6000:]
+        other.join()
     a.out.write_text(json.dumps(results, indent=1))
 
 
