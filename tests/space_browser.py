@@ -8,6 +8,7 @@ It starts a real TURN server (coturn) on 127.0.0.1 and, with SPACE_ID set, launc
   transcribes through the relay until the session time limit ends it with a message;
 - `wrong_credentials`: the same TURN server with a wrong password;
 - `hf_token_offline`: TURN credentials from Cloudflare through HF_TOKEN, which this namespace cannot reach.
+The last two run one after the other beside the first, in a thread with its own browser.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from browser_check import FLAGS, KEEP_PCS
 from coturn import Coturn, start_coturn
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
 from realtime.bench.client import fetch_rtc_configuration, stream_file
 
@@ -168,29 +170,48 @@ def main() -> None:
     tmp = a.out.parent
     timings: dict[str, float] = {}
     results: dict[str, Any] = {"timings": timings}
+    failed: list[BaseException] = []
     turn = start_coturn(tmp, user=(USER, PASSWORD))
+
+    def run(name: str, scenario: Callable[[], dict[str, Any]]) -> None:
+        if a.only and name not in a.only:
+            return
+        t0 = time.monotonic()
+        results[name] = scenario()
+        timings[name] = round(time.monotonic() - t0, 1)
+
+    def browser(p: Playwright) -> Browser:
+        return p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                 args=[*FLAGS, f"--use-file-for-fake-audio-capture={a.wav.resolve()}"])
+
+    def refusals() -> None:
+        """The two broken relays, each with an app of its own, beside the relay scenario (its own Playwright)."""
+        try:
+            with sync_playwright() as p:
+                b = browser(p)
+                run("wrong_credentials", lambda: refused(b, tmp, {
+                    "REALTIME_TURN_URL": turn.url, "REALTIME_TURN_USERNAME": USER,
+                    "REALTIME_TURN_CREDENTIAL": "not-the-password"}, a.shots / "space-wrong-credentials.png"))
+                run("hf_token_offline", lambda: refused(b, tmp, {"HF_TOKEN": "hf_not_a_real_token"},
+                                                        a.shots / "space-hf-token-offline.png"))
+                b.close()
+        except BaseException as exc:  # raised again in the main thread
+            failed.append(exc)
+
+    other = threading.Thread(target=refusals)
+    other.start()
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                        args=[*FLAGS, f"--use-file-for-fake-audio-capture={a.wav.resolve()}"])
-            for name, run in (
-                ("relay", lambda: relay(browser, tmp, turn, a.wav, a.holder_wav, a.shots)),
-                ("wrong_credentials", lambda: refused(browser, tmp, {
-                    "REALTIME_TURN_URL": turn.url, "REALTIME_TURN_USERNAME": USER,
-                    "REALTIME_TURN_CREDENTIAL": "not-the-password"}, a.shots / "space-wrong-credentials.png")),
-                ("hf_token_offline", lambda: refused(browser, tmp, {"HF_TOKEN": "hf_not_a_real_token"},
-                                                     a.shots / "space-hf-token-offline.png")),
-            ):
-                if a.only and name not in a.only:
-                    continue
-                t0 = time.monotonic()
-                results[name] = run()
-                timings[name] = round(time.monotonic() - t0, 1)
-            browser.close()
+            b = browser(p)
+            run("relay", lambda: relay(b, tmp, turn, a.wav, a.holder_wav, a.shots))
+            b.close()
     finally:
+        other.join()
         turn.stop()
         results["coturn_allocations"] = turn.allocations()
         results["coturn_log"] = turn.log.read_text(errors="replace")[-3000:]
+    if failed:
+        raise failed[0]
     a.out.write_text(json.dumps(results, indent=1))
 
 
