@@ -1,10 +1,12 @@
 """Drive the real page in headless Chromium with a WAV as the fake microphone; write what happened as JSON.
 
-Run by tests/test_browser.py inside a loopback-only network namespace:
+tests/page_check.py runs `transcribe` against its default app (the `synth` scenario, read by tests/test_page.py);
+standalone, in a loopback-only network namespace:
     unshare --net bash -c 'ip link set lo up && exec python tests/browser_check.py --wav W --out O --shot S'
-It launches `python app.py --ice-loopback` (conftest.launch), opens the page, clicks "start stream", polls
-#rt-transcript until every sentence has its final line (`--expect`), takes a full-page screenshot and records every
-request.
+launches `python app.py --ice-loopback` (conftest.launch) for it. The page is opened, "start stream" clicked,
+#rt-transcript polled until every sentence has its final line (`--expect`), a full-page screenshot taken and
+every request recorded. FLAGS and KEEP_PCS are the browser flags and the peer-connection hook every page check
+uses.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Playwright, sync_playwright
 
 from conftest import launch, stop
 
@@ -41,58 +43,75 @@ PAIRS = """async () => { const out = [];
   return out; }"""
 
 
-def run(wav: Path, shot: Path, expect: int, timeout: float) -> dict[str, Any]:
+def transcribe(p: Playwright, url: str, wav: Path, shot: Path, expect: int, timeout: float) -> dict[str, Any]:
+    """The page at `url` in a browser of its own whose fake microphone plays `wav` once: "start stream" clicked,
+    #rt-transcript read until `expect` final lines show and no partial (or `timeout` seconds pass), a full-page
+    screenshot to `shot` (and the transcript with a partial after a final to browser-partial.png beside it), every
+    request recorded."""
     result: dict[str, Any] = {"requests": [], "console": [], "first_text_s": None, "final_text_s": None,
                               "timeline": []}
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav.resolve()}%noloop"])
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.add_init_script(KEEP_PCS)
+        page.on("request", lambda r: result["requests"].append(r.url))
+        page.on("websocket", lambda ws: result["requests"].append(ws.url))
+        page.on("console", lambda m: result["console"].append(f"{m.type}: {m.text}"))
+        t0 = time.monotonic()
+        page.goto(url, wait_until="load")
+        # The component first asks for the microphone ("Click to Access Microphone"), then shows "start stream".
+        access = page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone")
+        access.wait_for(state="visible", timeout=30_000)
+        result["page_load_s"] = time.monotonic() - t0
+        access.click()
+        accessed = time.monotonic()
+        button = page.locator('#rt-webrtc button[aria-label="start stream"]')
+        button.click(timeout=10_000)
+        clicked = time.monotonic()
+        result["access_to_start_s"] = clicked - accessed
+        state: dict[str, Any] = {"finals": [], "partial": [], "errors": []}
+        partial_shot = False
+        while time.monotonic() - clicked < timeout:
+            now_state = page.evaluate(READ)
+            now = time.monotonic()
+            if "connected_s" not in result and now_state.pop("up"):
+                result["connected_s"] = round(now - clicked, 2)
+            if result["first_text_s"] is None and (now_state["finals"] or now_state["partial"]):
+                result["first_text_s"] = round(now - clicked, 2)
+            if now_state["finals"] != state["finals"]:
+                result["final_text_s"] = round(now - clicked, 2)
+                result["timeline"].append([round(now - clicked, 2), len(now_state["finals"])])
+            if not partial_shot and now_state["finals"] and len(now_state["partial"]) == 2:
+                page.locator("#rt-transcript").screenshot(path=str(shot.with_name("browser-partial.png")))
+                partial_shot = True
+            state = now_state
+            if len(state["finals"]) >= expect and not state["partial"]:  # every sentence has its final
+                break
+            page.wait_for_timeout(100)
+        result.update(state, ice_pairs=page.evaluate(PAIRS))
+        page.screenshot(path=str(shot), full_page=True)
+        result["status"] = page.inner_text("#rt-status")
+    finally:
+        browser.close()
+    return result
+
+
+def run(wav: Path, shot: Path, expect: int, timeout: float) -> dict[str, Any]:
+    """`transcribe` against an app of its own (`python app.py --ice-loopback`), with the app's log."""
+    result: dict[str, Any] = {}
     app = launch(wav.parent)
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                        args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav.resolve()}%noloop"])
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.add_init_script(KEEP_PCS)
-            page.on("request", lambda r: result["requests"].append(r.url))
-            page.on("websocket", lambda ws: result["requests"].append(ws.url))
-            page.on("console", lambda m: result["console"].append(f"{m.type}: {m.text}"))
-            t0 = time.monotonic()
-            page.goto(app.url, wait_until="load")
-            # The component first asks for the microphone ("Click to Access Microphone"), then shows "start stream".
-            access = page.locator("#rt-webrtc").get_by_role("button", name="Click to Access Microphone")
-            access.wait_for(state="visible", timeout=30_000)
-            result["page_load_s"] = time.monotonic() - t0
-            access.click()
-            accessed = time.monotonic()
-            button = page.locator('#rt-webrtc button[aria-label="start stream"]')
-            button.click(timeout=10_000)
-            clicked = time.monotonic()
-            result["access_to_start_s"] = clicked - accessed
-            state: dict[str, Any] = {"finals": [], "partial": [], "errors": []}
-            partial_shot = False
-            while time.monotonic() - clicked < timeout:
-                now_state = page.evaluate(READ)
-                now = time.monotonic()
-                if "connected_s" not in result and now_state.pop("up"):
-                    result["connected_s"] = round(now - clicked, 2)
-                if result["first_text_s"] is None and (now_state["finals"] or now_state["partial"]):
-                    result["first_text_s"] = round(now - clicked, 2)
-                if now_state["finals"] != state["finals"]:
-                    result["final_text_s"] = round(now - clicked, 2)
-                    result["timeline"].append([round(now - clicked, 2), len(now_state["finals"])])
-                if not partial_shot and now_state["finals"] and len(now_state["partial"]) == 2:
-                    page.locator("#rt-transcript").screenshot(path=str(shot.with_name("browser-partial.png")))
-                    partial_shot = True
-                state = now_state
-                if len(state["finals"]) >= expect and not state["partial"]:  # every sentence has its final
-                    break
-                page.wait_for_timeout(100)
-            result.update(state, ice_pairs=page.evaluate(PAIRS))
-            page.screenshot(path=str(shot), full_page=True)
-            result["status"] = page.inner_text("#rt-status")
-            browser.close()
+            result = transcribe(p, app.url, wav, shot, expect, timeout)
     finally:
         stop(app)
         result["app_log"] = app.log.read_text()[-4000:]
     return result
+
+
+TIMEOUT_S = 150.0
+"""Seconds after the click for every final to show: reached only when something is wrong."""
 
 
 def main() -> None:
@@ -101,7 +120,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shot", type=Path, required=True)
     ap.add_argument("--expect", type=int, default=1, help="final lines to wait for")
-    ap.add_argument("--timeout", type=float, default=150.0,
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S,
                     help="seconds after the click for every final to show (reached only when something is wrong)")
     a = ap.parse_args()
     a.out.write_text(json.dumps(run(a.wav, a.shot, a.expect, a.timeout), indent=1))

@@ -10,6 +10,8 @@ The default app (`python app.py --ice-loopback`, conftest.launch) and one browse
 - `file`: the file tab and its drop zone reached with the keyboard, `--upload` given, every progress state the
   page shows recorded until done;
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
+- `synth`: a browser of its own whose microphone plays `--synth` once (tests/browser_check.py `transcribe`): the
+  final lines, the ICE pairs, the requests, a screenshot;
 - `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps.
 The live scenario also records the language picker of the default (English-only) model. Beside them, in a thread
 of their own, each with its own browser, two more apps, launched at the start and used one after the other:
@@ -36,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from browser_check import FLAGS, KEEP_PCS
+from browser_check import FLAGS, KEEP_PCS, TIMEOUT_S, transcribe
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
@@ -63,6 +65,11 @@ PROGRESS = """() => { const p = document.querySelector("#rt-file-progress .rt-pr
            value: bar ? bar.value : null, label: p?.innerText.trim() ?? "",
            error: document.querySelector("#rt-file-progress .rt-progress-error")?.innerText ?? null,
            lines: [...document.querySelectorAll("#rt-file-text .rt-final")].map((e) => e.textContent.trim()) }; }"""
+FILE_DONE = """() => !!document.querySelector("#rt-file-progress .rt-progress-error")
+  || (document.querySelector("#rt-file-progress .rt-progress")?.dataset.state === "done"
+      && document.querySelectorAll("#rt-file-downloads .rt-downloads a").length >= 4)"""
+"""The file tab has shown its last update: done with the downloads (the progress reads done one update before
+them), or an error."""
 WATCH_PROGRESS = f"""(() => {{ window.__progress = []; const read = {PROGRESS};
   const key = (s) => [s.done, s.total, s.state, s.lines.length, !!s.error].join();
   new MutationObserver(() => {{ const s = read(), last = window.__progress.at(-1);
@@ -160,7 +167,12 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     r["restart_before_status"] = page.inner_text("#rt-status")
     console.append(f"{time.monotonic():.1f} -- started again")
     button.click(timeout=10_000)
-    r["restart_after"] = wait_finals(page, len(r["restart_before"]) + 1, DEADLINE_S)
+    # the new session's links show with its first event, after the last outputs of the stopped one (the page's
+    # output event runs once at a time): the next final line is the new session's
+    r["restart_opened"] = shows(page, """(old) => { const a = document.querySelector(
+        '#rt-status .rt-downloads a[download$=".txt"]'); return !!a && a.getAttribute("href") !== old; }""",
+                                DEADLINE_S, links.get("txt"))
+    r["restart_after"] = wait_finals(page, len(finals(page)) + 1, DEADLINE_S)
     r["restart_lines"] = page.evaluate(LINES, "#rt-transcript")
     r["restart_downloads"] = page.evaluate(FETCH, page.evaluate(LINKS, "#rt-status"))
     r["restart_links"] = page.evaluate(LINKS, "#rt-status")
@@ -226,8 +238,7 @@ def file_tab(browser: Browser, app: App, upload: Path, requests: list[str], shot
         && s.lines.length)""", DEADLINE_S)
     if r["mid_shot"]:
         page.screenshot(path=str(shots / "page-file.png"))
-    shows(page, """() => { const s = window.__progress.at(-1); return !!s && (s.state === "done" || !!s.error); }""",
-          DEADLINE_S)
+    shows(page, FILE_DONE, DEADLINE_S)
     links = page.evaluate(LINKS, "#rt-file-downloads")
     r.update(states=page.evaluate("() => window.__progress"), final=page.evaluate(PROGRESS),
              lines=page.evaluate(LINES, "#rt-file-text"),
@@ -280,7 +291,7 @@ def english(lines: list[str]) -> bool:
 
 def poll_file(page: Page, timeout: float) -> dict[str, Any]:
     """The file tab's progress once it is done (or failed, or `timeout` passed)."""
-    shows(page, f"""() => {{ const s = ({PROGRESS})(); return s.state === "done" || !!s.error; }}""", timeout)
+    shows(page, FILE_DONE, timeout)
     return page.evaluate(PROGRESS)
 
 
@@ -454,6 +465,9 @@ def main() -> None:
     ap.add_argument("--language-upload", type=Path, help="the recording its file tab is given (not German)")
     ap.add_argument("--speakers-mic", type=Path, help="the speaker-labelling app's browser's microphone: people "
                     "taking turns (looped); also its file tab's upload")
+    ap.add_argument("--synth", type=Path, required=True, help="sentences a browser of its own plays once")
+    ap.add_argument("--synth-shot", type=Path, required=True, help="its screenshot")
+    ap.add_argument("--synth-expect", type=int, required=True, help="its sentences (final lines to wait for)")
     ap.add_argument("--only", nargs="*", help="run only these scenarios")
     a = ap.parse_args()
     results: dict[str, Any] = {"requests": [], "timings": {}, "origins": []}  # origins: each app's address
@@ -476,6 +490,7 @@ def main() -> None:
                     ("captions", lambda: captions(context, app, a.shots)),
                     ("file", lambda: file_tab(browser, app, a.upload, results["requests"], a.shots)),
                     ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
+                    ("synth", lambda: transcribe(p, app.url, a.synth, a.synth_shot, a.synth_expect, TIMEOUT_S)),
                     ("drop", lambda: drop(context, app, a.artifacts)),  # last: it kills the app
                 ], results, a.only)
                 browser.close()

@@ -6,7 +6,8 @@ browser whose fake microphone loops real recordings from tests/data and whose fi
 beside it, an app on the multilingual base model with a browser whose microphone loops two German recordings
 (tests/data/languages), for the language picker and the translate toggle, then an app with `--diarize` with a
 browser whose microphone loops four real voices taking turns (tests/short_conversation.py), for the speaker
-labels. These tests read what it recorded.
+labels. The default app's page is also given three synthesized sentences, played once by a browser of its own
+(tests/browser_check.py). These tests read what it recorded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from realtime.audio import SAMPLE_RATE, decode_file
 
 from conftest import ARTIFACTS, ROOT
 from real_speech import DATA, Clip, Compilation, clips, compilation, corpus_wer
+from speech import SENTENCES, compose, wer
 
 pytestmark = pytest.mark.timeout(900)  # generous: a deadline for a fault, not for a busy machine
 MIC = ["speechbrain-spk1_snt1.flac", "librispeech-61-70968-0000.flac", "librivox-sense-and-sensibility-01-0930.flac",
@@ -36,6 +38,8 @@ MIC = ["speechbrain-spk1_snt1.flac", "librispeech-61-70968-0000.flac", "librivox
 """Four short real utterances (four people), looped by the default app's browser: each pause brings a final soon."""
 UPLOAD = "librivox-shakespeare-sonnet-001.flac"
 """The file tab's recording: a sonnet read (about 51 s), two packed windows."""
+SHOT = ARTIFACTS / "browser-transcript.png"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 TIME = re.compile(r"^\d\d:\d\d\.\d → \d\d:\d\d\.\d$")
 LANGUAGES = DATA / "languages"
 GERMAN = ["fleurs-de-002.ogg", "fleurs-de-000.ogg"]
@@ -70,17 +74,25 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
         old.unlink()
     out = tmp / "result.json"
     talk = short_conversation(tmp / "conversation.wav")
+    synth = compose(tmp / "speech.wav", SENTENCES[:3], gaps=1.2, lead=1.0, tail=2.0)
+    ARTIFACTS.mkdir(exist_ok=True)
+    for old in ARTIFACTS.glob("browser-*.png"):
+        old.unlink()
     check = [sys.executable, str(ROOT / "tests" / "page_check.py"), "--mic", str(mic.path), "--upload", str(upload),
              "--out", str(out), "--shots", str(shots), "--artifacts", str(shots),
-             "--language-mic", str(german.path), "--language-upload", str(french), "--speakers-mic", str(talk.path)]
+             "--language-mic", str(german.path), "--language-upload", str(french), "--speakers-mic", str(talk.path),
+             "--synth", str(synth.path), "--synth-shot", str(SHOT), "--synth-expect", str(len(synth.texts))]
     proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
                           cwd=ROOT, capture_output=True, text=True, timeout=840,
                           env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
     assert proc.returncode == 0 and out.exists(), f"page check failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())
     print(f"\nscenario seconds: {r['timings']}")
+    if "timeline" in r.get("synth", {}):
+        print(f"synthesized sentences: final lines at {r['synth']['timeline']} s after the start click")
     reference = by_name[UPLOAD].text
     r["german_reference"] = german.text
+    r["synth_text"] = synth.text
     return mic, reference, r
 
 
@@ -284,3 +296,21 @@ def test_picked_language_and_translation_on_a_multilingual_model(
     assert f["state"] == "done" and f["lines"], f
     assert all(line["lang"] == "de" for line in s["file_lines"]), s["file_lines"]  # French, decoded as German
     assert "German (de)" in s["file_note"], s["file_note"]
+
+
+def test_page_transcribes_fake_microphone(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    """Three synthesized sentences played once as a browser's microphone (the `synth` scenario): the page shows
+    their final lines, no error, over ICE pairs on loopback, and its screenshot is written."""
+    r = run[2]
+    synth = _scenario(r, "synth")
+    hyp = " ".join(synth["finals"])
+    assert not synth["errors"], synth["errors"]
+    assert wer(r["synth_text"], hyp) <= 0.35, f"WER too high: {hyp!r} vs {r['synth_text']!r}\n{r['app_log']}"
+    assert synth["ice_pairs"] and all(a in LOOPBACK for pair in synth["ice_pairs"] for a in pair), synth["ice_pairs"]
+    assert SHOT.exists() and SHOT.stat().st_size > 0
+
+
+def test_page_makes_no_external_requests(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    outside = [u for u in _scenario(run[2], "synth")["requests"] if urlsplit(u).scheme not in ("data", "blob")
+               and urlsplit(u).hostname not in LOOPBACK]
+    assert not outside, f"the page asked for non-loopback URLs: {outside}"
