@@ -575,7 +575,7 @@ def test_webrtc_call_with_an_ephemeral_secret(keyed_app, readings, tmp_path):
     from realtime.web.ice import use_loopback_only
 
     use_loopback_only()
-    picked = pick(PICKED_WEBRTC[:2])
+    picked = pick(PICKED_WEBRTC)
     comp = compilation(picked, tmp_path / "call.wav")
     audio = decode_file(comp.path)
 
