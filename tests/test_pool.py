@@ -206,10 +206,11 @@ def test_a_live_session_through_the_pool_loses_no_final_when_the_replica_decodin
     """A live session whose engine is the pool (tests/remote_live.py: a front end in this process, fed real speech
     through the WebRTC audio path at the speed the code allows), through a proxy that holds a final of the session
     half-uploaded while its other requests wait at the proxy's gate: the one replica that reports a request in
-    progress holds that final, and is killed with SIGKILL. Its upload fails (Serve's proxy answers 500 for a
-    replica that died), the remote engine sends the final again, a live replica decodes it, and Serve starts a
-    replica in the dead one's place. Every segment ends final; the live WER through the pool at most a point above
-    the embedded engine's live reading of the same recording."""
+    progress holds that final, and is killed with SIGKILL; once Serve counts it gone, the proxy lets everything
+    go on. The final's upload fails (Serve's proxy answers 500 for a replica that died), the remote engine sends
+    it again, the live replica decodes it, and Serve starts a replica in the dead one's place. Every segment ends
+    final; the live WER through the pool at most a point above the embedded engine's live reading of the same
+    recording."""
     before = pool.replicas()
     assert len(before) == REPLICAS
     comp = live_recording(tmp_path / "live.wav")
@@ -231,8 +232,11 @@ def test_a_live_session_through_the_pool_loses_no_final_when_the_replica_decodin
             proxy.wait_forwarding(1)  # the held final is the only request at the pool
             victim = pool.holder()
             assert victim in before, (victim, sorted(before))
+            since = len(pool.counts())
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
+            # Serve counts the replica gone before anything is sent on: its proxy routes no retry to the dead one
+            assert pool.wait_for_count(REPLICAS - 1, since, 120), f"Serve did not see the kill: {pool.counts()}"
         except BaseException as exc:  # raised again in the test's thread
             failed.append(exc)
         finally:
