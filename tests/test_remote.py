@@ -630,8 +630,6 @@ def test_streamed_deltas_become_live_partial_text(endpoint):
 
 
 @pytest.mark.fast
-@pytest.mark.xfail(strict=True, reason="realtime/live/worker.py marks a final's options live only in Worker._call, the "
-                   "path of abortable or streaming engines; the remote engine's default path sends finals unmarked")
 def test_a_live_final_carries_the_lane_mark_and_a_partial_does_not(endpoint):
     """docs/scaling.md: the remote engine marks a live final with `X-Transcription-Lane: final`, so that an endpoint
     that is this app or its pool decodes it ahead of queued file work and partials. A final and a partial as a live

@@ -196,7 +196,7 @@ class Worker:
 
     async def _call(self, job: Job) -> Transcription:
         """One job; through the engine's `transcribe_stream` (text deltas) when the job wants the text so far."""
-        options = replace(job.options, live=True) if job.kind == "final" and not job.options.live else job.options
+        options = _marked(job)
         if job.on_text is None or not self.engine.streaming:
             return await self.engine.transcribe(job.audio, options)
         text = ""
@@ -226,13 +226,13 @@ class Worker:
                     elif len(batch) == 1:
                         try:
                             results: list[Transcription | BaseException] = [
-                                await self.engine.transcribe(batch[0].audio, batch[0].options)
+                                await self.engine.transcribe(batch[0].audio, _marked(batch[0]))
                             ]
                         except Exception as exc:
                             results = [exc]
                     else:
                         results = await self.engine.transcribe_batch(
-                            [j.audio for j in batch], [j.options for j in batch]
+                            [j.audio for j in batch], [_marked(j) for j in batch]
                         )
                 except asyncio.CancelledError:
                     for job in batch:
@@ -270,3 +270,9 @@ class Worker:
                 await asyncio.sleep(0)
             if self.on_idle is not None:
                 self.on_idle()
+
+
+def _marked(job: Job) -> TranscribeOptions:
+    """The job's options, marked `live` for a live final (every path to the engine: engines that queue work put it
+    first, and the remote engine sends it with X-Transcription-Lane: final)."""
+    return replace(job.options, live=True) if job.kind == "final" and not job.options.live else job.options
