@@ -62,10 +62,13 @@ class StreamClock:
         return self.now
 
 
-async def feed(session: TranscriptionSession, audio: np.ndarray, *, opus: bool = True, tail_s: float = 2.0) -> None:
+async def feed(session: TranscriptionSession, audio: np.ndarray, *, opus: bool = True, tail_s: float = 2.0,
+               await_partials: bool = False) -> None:
     """Feed `audio` and `tail_s` of silence to `session` as the WebRTC handler would, as fast as the code allows
     (the event loop gets a turn after every frame, so the worker keeps taking jobs), then wait until every segment
-    the VAD opened has its final or error."""
+    the VAD opened has its final or error. With `await_partials` no audio is fed while a partial is on its way,
+    so that its answer (and a streaming engine's deltas) lands while its segment is open, as it does for someone
+    who goes on speaking; fed faster, a segment closes before its partials come back."""
     clock = StreamClock()
     session.clock = clock
     convert = FrameConverter()
@@ -77,6 +80,8 @@ async def feed(session: TranscriptionSession, audio: np.ndarray, *, opus: bool =
         clock.now += chunk.size / SAMPLE_RATE
         session.feed(chunk)
         await asyncio.sleep(0)
+        while await_partials and session.worker.has_partial(session.id):
+            await asyncio.sleep(0.005)
     await settled(session)
 
 

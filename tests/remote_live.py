@@ -5,7 +5,7 @@ What these tests prove about a live stream is the front end's engine: its reques
 pool, their retries and fallbacks. The WebRTC transport is tested over real WebRTC in real time elsewhere
 (tests/test_stream.py), so here a front end is built in the test process as `python app.py --engine remote ...`
 builds it (a TranscriptionService on the settings those flags give) and fed through the WebRTC audio path at the
-speed the code allows (`feed`, tests/live_feed.py's path on a stream clock that does not start at zero).
+speed the code allows (tests/live_feed.py `feed`).
 `live_recording` is the recording they stream (four people's read speech one after another,
 `real_speech.SEVERAL`), and `embedded_live` the embedded engine's live reading of it, computed once per run for
 every test that compares a front end's live reading with it.
@@ -17,24 +17,17 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from test_stream import check_events
 
-from realtime.audio import SAMPLE_RATE, FrameConverter, decode_file
+from realtime.audio import decode_file
 from realtime.bench.corpus import Compilation
 from realtime.config import Settings, parse_settings
 from realtime.engines import Engine
 from realtime.live.service import TranscriptionService
-from realtime.live.session import TranscriptionSession
 
 from conftest import once
-from live_feed import StreamClock, opus_round_trip, settled
+from live_feed import feed
 from real_speech import several_speakers
-
-CLOCK_START = 1000.0
-"""Where the stream clock starts. A session takes 0 for "no partial yet" in this segment (right for the monotonic
-clock it has by default): on a clock that starts at zero, as live_feed.feed's does, no partial comes in the first
-`--partial-interval` seconds of the stream, and a test with a long interval would get none."""
 
 
 def live_recording(path: Path) -> Compilation:
@@ -45,27 +38,6 @@ def live_recording(path: Path) -> Compilation:
 def front_settings(*flags: str) -> Settings:
     """The settings of `python app.py --engine remote FLAGS`."""
     return parse_settings(["--engine", "remote", *flags])
-
-
-async def feed(session: TranscriptionSession, audio: np.ndarray, tail_s: float = 2.0,
-               await_partials: bool = False) -> None:
-    """tests/live_feed.py `feed` (the Opus round trip, as fast as the code allows, then until every final is in),
-    on a stream clock that starts at `CLOCK_START`. With `await_partials` no audio is fed while a partial is on
-    its way, so that its answer (and a streaming engine's deltas) lands while its segment is open, as it does
-    for someone who goes on speaking; fed faster, a segment closes before its partials come back."""
-    clock = StreamClock()
-    clock.now = CLOCK_START
-    session.clock = clock
-    convert = FrameConverter()
-    padded = np.concatenate([audio.astype(np.float32), np.zeros(int(tail_s * SAMPLE_RATE), np.float32)])
-    for rate, samples in opus_round_trip(padded):
-        chunk = convert(rate, samples)
-        clock.now += chunk.size / SAMPLE_RATE
-        session.feed(chunk)
-        await asyncio.sleep(0)
-        while await_partials and session.worker.has_partial(session.id):
-            await asyncio.sleep(0.005)
-    await settled(session)
 
 
 async def stream(service: TranscriptionService, path: Path, session_id: str = "live",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -83,7 +84,7 @@ class TranscriptionSession:
         self.closed = False
         self.started_at = clock()
         self._agreement = LocalAgreement()
-        self._last_partial_at = 0.0
+        self._last_partial_at = -math.inf  # no partial yet in this segment
         self._wall_last = self.started_at
         self._samples_last = 0
         self._finals_pending: dict[int, asyncio.Future[Transcription]] = {}
@@ -126,7 +127,7 @@ class TranscriptionSession:
     def _handle(self, event: SegmentStart | SegmentEnd) -> None:
         if isinstance(event, SegmentStart):
             self._agreement = LocalAgreement()
-            self._last_partial_at = 0.0
+            self._last_partial_at = -math.inf  # no partial yet in this segment
             self._emit(SpeechStarted(event.segment, event.start))
             return
         self.worker.drop_partial(self.id)
