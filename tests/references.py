@@ -2,10 +2,10 @@
 
 The tests compare this app's readings of real speech with faster-whisper's own on the same weights. Those outputs
 change only with the model files, the faster-whisper, CTranslate2, onnxruntime (its VAD) and PyAV (its decoding and
-resampling) versions, the CPU's instruction set (the int8 and float32 kernels differ) and the audio, so they are computed once and committed in
-tests/data/references, each record with the key it was made under. A test reads the record whose key matches this
-machine and these packages; when none does, the reference is computed in that run (once, shared by the workers)
-and the test says so with a `ReferenceRecomputed` warning.
+resampling) versions, the CPU's instruction set (the int8 and float32 kernels differ) and the audio, so they are
+computed once and committed in tests/data/references, each record with the key it was made under. A test reads the
+record whose key matches this machine and these packages; when none does, the reference is computed in that run
+(once, shared by the workers) and the test says so with a `ReferenceRecomputed` warning.
 
 `.venv/bin/python tests/references.py` computes every reference on this machine and writes its record (the records
 of other machines stay). The benchmarks still run faster-whisper side by side in the same run: speed is compared

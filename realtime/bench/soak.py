@@ -62,8 +62,8 @@ async def _soak_clients(url: str, path: Path, clients: int, seconds: float, on_r
     """`clients` clients, each streaming the recording again and again (in real time) until `seconds` are over.
 
     Rounds start on a fixed schedule, one a period (by default a minute, or the recording's length and 10 s if
-    longer), each client a little after the one before: the load keeps one shape for the whole run, so its first and last
-    minutes compare. (A client that started its next round as soon as the last one ended drifted against the
+    longer), each client a little after the one before: the load keeps one shape for the whole run, so its first and
+    last minutes compare. (A client that started its next round as soon as the last one ended drifted against the
     others: once their speech lined up, every utterance shared the engine with three others for the rest of
     the run.) A round that overruns its slot is followed at the next one."""
     from .client import stream_file
