@@ -27,7 +27,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -200,13 +199,10 @@ def _guarded(part: Callable[[], Any]) -> Any:
         return part()
     except Exception:
         return {"probe_error": traceback.format_exc()[-4000:]}
-    finally:
-        print(f"probe part done at {time.process_time():.1f} s of CPU", file=sys.stderr, flush=True)
 
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    print(f"probe started at {time.process_time():.1f} s of CPU", file=sys.stderr, flush=True)
     sys.path.insert(0, str(Path(spec["service"]).parent))
     import service  # realtime/engines/vllm_process/service.py, as the engine process imports it
 
