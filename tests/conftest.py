@@ -43,8 +43,8 @@ handed to the workers longest first, since the run ends when its last group does
 anew from a run (tests/run.sh --record-group-times); a group it does not know yet goes first."""
 
 
-BATCH_GROUPS = frozenset({"vllm-engine", "vllm-crash", "test_vllm", "real-speech-files", "bench-file", "test_convert",
-                          "test_speakers"})
+BATCH_GROUPS = frozenset({"vllm-engine", "test_vllm", "test_remote_vllm", "real-speech-files", "real-speech-base",
+                          "test_convert", "test_speakers"})
 """Groups that only compute (vLLM on CPU, files against faster-whisper): no test among them waits on the clock or
 measures a latency. With 4 workers on 2 cores they run at a lower priority (nice 10, and the processes they start
 with them), so that the tests that play audio in real time get the CPU when they need it; the total work is the
@@ -86,6 +86,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     group = report.nodeid.rsplit("@", 1)[1] if "@" in report.nodeid else report.nodeid.split("::")[0]
+    group = re.sub(r"\s*\[.*\]$", "", group)  # a subtest's report names its parameters after the group
     _spent[group] = _spent.get(group, 0.0) + report.duration
 
 
@@ -220,12 +221,18 @@ def readings(shared: Path) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def long_speech(shared: Path) -> Any:
-    """The long recording (tests/real_speech.py: every clip joined, about 9.5 minutes), written once per run."""
+    """The long recording (tests/real_speech.py: every clip joined, about 9.5 minutes), shared by the workers. Each
+    worker builds it for its clips' spans; the file is replaced whole, never rewritten in place, since another
+    worker may be reading it."""
+    import dataclasses
+
     from real_speech import long_recording
 
     path = shared / "long.wav"
     with FileLock(str(path) + ".lock"):
-        return long_recording(path)
+        built = long_recording(path.with_name(f"long-{os.getpid()}.wav"))
+        os.replace(built.path, path)
+        return dataclasses.replace(built, path=path)
 
 
 @pytest.fixture(scope="session")
@@ -276,10 +283,10 @@ class App:
         self.url, self.proc, self.log = url, proc, log
 
     def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=5).json()
+        return httpx.get(f"{self.url}/health", timeout=60).json()
 
 
-def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 90) -> App:
+def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240) -> App:
     """Start `python app.py` in a subprocess (as a user would) and wait until /health says ready.
 
     Workers launch apps side by side: a port another process took between `free_port` and the app's bind is

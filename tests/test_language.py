@@ -40,7 +40,7 @@ def base_engine():
 
 @pytest.fixture(scope="module")
 def base_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    app = launch(tmp_path_factory.mktemp("base"), "--model", "base", timeout=180)
+    app = launch(tmp_path_factory.mktemp("base"), "--model", "base")
     yield app
     stop(app)
 

@@ -55,7 +55,7 @@ class Pool:
                                                           self.log.read_text(errors="replace"), re.M)]
 
     def health(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/health", timeout=10).json()
+        return httpx.get(f"{self.url}/health", timeout=60).json()
 
     def replicas(self, want: int = REPLICAS, timeout: float = 60) -> dict[int, dict[str, Any]]:
         """The replicas answering /health (by process id), asked until `want` distinct ones have answered."""

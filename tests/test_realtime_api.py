@@ -40,7 +40,6 @@ from conftest import App, launch, stop
 from real_speech import Clip, clips, compilation, corpus_wer, loops
 
 pytest_plugins = ["live_apps"]
-pytestmark = pytest.mark.xdist_group("test_realtime_api")
 
 WER_MARGIN = 0.03
 """How far the live completed transcripts' corpus WER may lie above the file reading of the same clips (the

@@ -205,6 +205,19 @@ def app(args: dict[str, str]) -> Any:
         max_ongoing_requests=int(ongoing) if ongoing else None)
 
 
+RAY_START_ATTEMPTS = 3
+
+
+def _stop_children() -> None:
+    """Stop what a failed local start left (its GCS, raylet and agents are this process's only children then)."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        child.kill()
+    psutil.wait_procs(children, timeout=10)
+
+
 def start_ray(address: str | None, num_cpus: float | None, num_gpus: int | None) -> None:
     """Join the cluster at `address`, or start a local one on loopback (no dashboard, no usage statistics)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -220,8 +233,20 @@ def start_ray(address: str | None, num_cpus: float | None, num_gpus: int | None)
     if address:
         ray.init(address=address, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False)
         return
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
-             num_gpus=num_gpus, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False)
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
+                     num_gpus=num_gpus, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False)
+            return
+        except Exception as exc:
+            # Ray gives its raylet a fixed 30 s to register; a busy machine can miss it, and a second start
+            # (its files cached by the first) is quicker
+            if "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            log.warning("the local Ray node did not start in time (try %d of %d); starting it again",
+                        attempt, RAY_START_ATTEMPTS)
+            ray.shutdown()
+            _stop_children()
 
 
 def deploy(settings: Settings, scaling: Scaling, host: str, port: int, **options: Any) -> None:
