@@ -64,6 +64,9 @@ fi
 trap - EXIT
 
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+# 4 workers on 2 cores: OpenMP threads (vLLM's torch, the benchmarks' transformers) that spin while they wait take
+# the CPU that other tests' processes need; waiting threads sleep instead
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 .venv/bin/ruff check .
 # Most tests wait on the clock (real-time playback, servers starting): they run side by side in groups
 # (tests/conftest.py); REALTIME_TEST_WORKERS=0 runs them one after another.

@@ -208,14 +208,31 @@ def app(args: dict[str, str]) -> Any:
 RAY_START_ATTEMPTS = 3
 
 
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            parents.setdefault(int(stat[stat.rfind(")") + 2:].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
 def _stop_children() -> None:
     """Stop what a failed local start left (its GCS, raylet and agents are this process's only children then)."""
-    import psutil
-
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        child.kill()
-    psutil.wait_procs(children, timeout=10)
+    for child in _descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    for child in _descendants(os.getpid()):  # reap the ones that were ours
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
 
 
 def start_ray(address: str | None, num_cpus: float | None, num_gpus: int | None) -> None:
