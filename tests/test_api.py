@@ -250,13 +250,13 @@ def test_other_refusals(api, speech):
     ("POST", "/v1/models", "GET"),
 ])
 def test_wrong_method_gets_405_in_openai_shape(api, method, path, allowed):
-    r = httpx.request(method, api.url + path, timeout=10)
+    r = httpx.request(method, api.url + path, timeout=60)
     assert r.status_code == 405 and r.headers["allow"] == allowed, r.text
     err = error_of(r)
     assert err["code"] == "method_not_allowed" and err["type"] == "invalid_request_error"
     assert method in err["message"] and path in err["message"]
     if allowed == "POST":
-        head = httpx.head(api.url + path, timeout=10)
+        head = httpx.head(api.url + path, timeout=60)
         assert head.status_code == 405 and head.headers["allow"] == "POST"
 
 

@@ -235,7 +235,7 @@ def fuzzed(app: App) -> App:
 
 @pytest.fixture(scope="module")
 def app_schema(fuzzed: App) -> Any:
-    doc = httpx.get(f"{fuzzed.url}/openapi.json", timeout=10).json()
+    doc = httpx.get(f"{fuzzed.url}/openapi.json", timeout=60).json()
     schema = schemathesis.openapi.from_dict(_described(doc))
     schema.config.update(base_url=fuzzed.url)
     schema.config.generation.update(max_examples=40)

@@ -12,7 +12,7 @@ Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(url: str) -> Metrics:
-    r = httpx.get(f"{url}/metrics", timeout=10)
+    r = httpx.get(f"{url}/metrics", timeout=60)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(r.text) for s in family.samples}

@@ -247,7 +247,7 @@ def test_every_response_format_and_streaming_through_the_pool(pool: Pool):
     # the app's errors, in OpenAI's shape, come through Serve's proxy unchanged
     bad = _post(pool.route, clip.path, response_format="docx")
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_response_format"
-    models = httpx.get(f"{pool.url}/v1/models", timeout=10).json()
+    models = httpx.get(f"{pool.url}/v1/models", timeout=60).json()
     assert models["data"][0]["id"] == "tiny.en (bundled)"
 
 

@@ -89,7 +89,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> str:
             raise RuntimeError(f"vLLM's server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+                return httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
