@@ -43,15 +43,6 @@ handed to the workers longest first, since the run ends when its last group does
 anew from a run (tests/run.sh --record-group-times); a group it does not know yet goes first."""
 
 
-BATCH_GROUPS = frozenset({"vllm-engine", "test_vllm", "test_remote_vllm", "real-speech-files", "real-speech-base",
-                          "test_convert", "test_speakers"})
-"""Groups that only compute (vLLM on CPU, files against faster-whisper): no test among them waits on the clock or
-measures a latency. With 4 workers on 2 cores they run at a lower priority (nice 10, and the processes they start
-with them), so that the tests that play audio in real time get the CPU when they need it; the total work is the
-same."""
-BATCH_NICE = 10
-
-
 def _group(item: pytest.Item) -> str:
     marks = list(item.iter_markers("xdist_group"))
     return str(marks[0].args[0]) if marks else item.module.__name__.rsplit(".", 1)[-1]
@@ -99,16 +90,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if config.getoption("--record-group-times"):
         GROUP_TIMES.write_text(json.dumps({g: round(t, 1) for g, t in sorted(_spent.items())}, indent=1) + "\n")
         terminalreporter.write_line(f"written to {GROUP_TIMES.relative_to(ROOT)}")
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Each test at its group's priority (before its fixtures start processes, which inherit it). Lowering a
-    priority back needs root: elsewhere the workers keep their own."""
-    if os.geteuid() != 0 or not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    want = BATCH_NICE if _group(item) in BATCH_GROUPS else 0
-    if os.getpriority(os.PRIO_PROCESS, 0) != want:
-        os.setpriority(os.PRIO_PROCESS, 0, want)
 
 
 @pytest.fixture(scope="session")
