@@ -82,14 +82,16 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 .venv/bin/ruff check .
 # Most tests wait on the clock (real-time playback, servers starting): they run side by side in groups
 # (tests/conftest.py); REALTIME_TEST_WORKERS=0 runs them one after another.
-# The fast tier is mostly collection, which every worker would repeat: it runs in one process.
+# The fast tier is mostly collection, which every worker repeats, and the remote engine's tests against scripted
+# endpoints, which wait on the clock: one worker per core, tests handed out one by one (they share nothing costly).
 workers="${REALTIME_TEST_WORKERS:-}"
-if [ -z "$workers" ]; then
-  workers=4
-  previous=""
-  for arg in "$@"; do
-    if [ "$previous" = "-m" ] && [ "$arg" = "fast" ]; then workers=0; fi
-    previous="$arg"
-  done
-fi
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
+dist=loadgroup
+previous=""
+for arg in "$@"; do
+  if [ "$previous" = "-m" ] && [ "$arg" = "fast" ]; then
+    workers="${workers:-2}"
+    dist=load
+  fi
+  previous="$arg"
+done
+exec .venv/bin/python -m pytest -n "${workers:-4}" --dist "$dist" --no-loadscope-reorder "$@"
