@@ -80,9 +80,10 @@ def test_bench_soak_samples_memory_fds_and_latency(app, tmp_path):
     assert doc["clients"] == 2 and doc["minutes"] == 0.75 and "real utterances" in doc["input"]
     assert s["lost_segments"] == 0 and s["failed_rounds"] == 0 and s["errors"] == 0, s
     assert s["rounds"] >= 4 and s["finals"] >= 8 and s["wer"] <= 0.3
-    for client in (0, 1):  # rounds keep to their schedule, whenever the last one ended
+    for client in (0, 1):  # rounds keep to their 20 s schedule, not back to back after 10 s of audio (a round may
+        # start late on a busy machine: the first once began 0.7 s after its slot, the next on time)
         starts = [r["start_s"] for r in doc["rounds"] if r["client"] == client]
-        assert len(starts) >= 2 and all(b - a >= 19.5 for a, b in itertools.pairwise(starts)), starts
+        assert len(starts) >= 2 and all(b - a >= 15 for a, b in itertools.pairwise(starts)), starts
     assert len(doc["samples"]) >= 8 and all({"minute", "rss_mb", "fds", "final_p95", "load"} <= set(x)
                                              for x in doc["samples"])
     assert 100 < s["rss_after_warmup_mb"] and s["rss_end_mb"] and s["rss_growth_after_warmup_pct"] is not None
