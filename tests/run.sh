@@ -3,6 +3,9 @@
 # Usage: bash tests/run.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python keeps the bytecode of what it imports: without it every process of the suite (each app, vLLM start, command
+# and worker) compiles gradio, torch or vllm again, seconds of CPU each (some machines set this for their shells)
+unset PYTHONDONTWRITEBYTECODE
 
 APT_PACKAGES=(chromium espeak-ng sox iproute2 util-linux coturn)
 missing=()
@@ -129,14 +132,14 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 .venv/bin/ruff check .
 # Most tests wait on the clock (real-time playback, servers starting): they run side by side in groups
 # (tests/conftest.py); REALTIME_TEST_WORKERS=0 runs them one after another.
-# The fast tier is mostly collection, which every worker repeats, and the remote engine's tests against scripted
-# endpoints, which wait on the clock: one worker per core, tests handed out one by one (they share nothing costly).
+# The fast tier is mostly the remote engine's tests against scripted endpoints, which wait on the clock, and
+# collection, which every worker repeats: three workers, tests handed out one by one (they share nothing costly).
 workers="${REALTIME_TEST_WORKERS:-}"
 dist=loadgroup
 previous=""
 for arg in "$@"; do
   if [ "$previous" = "-m" ] && [ "$arg" = "fast" ]; then
-    workers="${workers:-2}"
+    workers="${workers:-3}"
     dist=load
   fi
   previous="$arg"

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from fastrtc.utils import create_message
 
 from ..config import Settings
 from ..live.events import ClosedEvent
@@ -147,6 +146,8 @@ class SessionLimits:
         await asyncio.sleep(EVENT_GRACE_S)
         channel = self.webrtc.data_channels.get(sid)
         if channel is not None and getattr(channel, "readyState", "open") == "open":
+            from fastrtc.utils import create_message  # fastrtc (and gradio) load with the server, not with this module
+
             channel.send(create_message("warning", message))
             channel.send(create_message("update_connection", "closed"))
         await asyncio.sleep(HANGUP_GRACE_S)

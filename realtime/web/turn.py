@@ -41,7 +41,6 @@ from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
 from aiortc.rtcicetransport import parse_stun_turn_uri
 from fastapi.responses import JSONResponse
-from fastrtc.credentials import get_cloudflare_turn_credentials_async
 
 from ..config import Settings
 
@@ -326,6 +325,8 @@ class Turn:
             return Credentials(normalize([server]), now + ttl)
         if self.provider == "twilio":
             return await self._twilio(now)
+        from fastrtc.credentials import get_cloudflare_turn_credentials_async  # fastrtc loads gradio: on first use
+
         if self.provider == "cloudflare":
             if not (s.cloudflare_turn_key_id and s.cloudflare_turn_key_api_token):
                 raise TurnError("CLOUDFLARE_TURN_KEY_ID and CLOUDFLARE_TURN_KEY_API_TOKEN must both be set")
