@@ -126,13 +126,12 @@ fi
 trap - EXIT
 
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
-# More workers than cores: OpenMP threads (vLLM's torch, the benchmarks' transformers) that spin while they wait take
+# 4 workers on 2 cores: OpenMP threads (vLLM's torch, the benchmarks' transformers) that spin while they wait take
 # the CPU that other tests' processes need; waiting threads sleep instead
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 .venv/bin/ruff check .
-# Many tests wait on the clock (real-time playback, servers starting) or on what another worker computes for all: five
-# workers on 2 cores run groups side by side (tests/conftest.py) and keep both cores busy meanwhile;
-# REALTIME_TEST_WORKERS=0 runs them one after another.
+# Most tests wait on the clock (real-time playback, servers starting): they run side by side in groups
+# (tests/conftest.py); REALTIME_TEST_WORKERS=0 runs them one after another.
 # The fast tier is mostly the remote engine's tests against scripted endpoints, which wait on the clock, and
 # collection, which every worker repeats: three workers, tests handed out one by one (they share nothing costly).
 workers="${REALTIME_TEST_WORKERS:-}"
@@ -145,4 +144,4 @@ for arg in "$@"; do
   fi
   previous="$arg"
 done
-exec .venv/bin/python -m pytest -n "${workers:-5}" --dist "$dist" --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "${workers:-4}" --dist "$dist" --no-loadscope-reorder "$@"
