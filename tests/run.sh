@@ -45,7 +45,7 @@ use_uv() {
   [ -x .venv/bin/uv ] || .venv/bin/python "${PIP[@]}" "uv==0.13.9" >/dev/null 2>&1 || return 0
   UV=.venv/bin/uv
   export UV_INDEX_STRATEGY=unsafe-best-match
-  local key value
+  local line key value
   while IFS= read -r line; do
     key=${line%%=*}
     value=${line#*=}
@@ -73,10 +73,10 @@ install() {
 uninstall() {
   local python=$1
   shift
-  if [ -n "$UV" ]; then
-    "$UV" pip uninstall -q --python "$python" "$@" 2>/dev/null || true
+  if [ -n "$UV" ] && "$UV" pip uninstall -q --python "$python" "$@"; then
+    return
   fi
-  "$python" -m pip uninstall -q -y "$@" 2>/dev/null || true
+  "$python" -m pip uninstall -q -y "$@"
 }
 
 # The vLLM engine's own environment (tests/test_vllm.py runs the real engine on CPU, tests/test_remote_vllm.py
@@ -85,9 +85,10 @@ uninstall() {
 # An environment installed from the current requirements carries their hash (.installed): a later run skips the
 # installers and the import checks (several seconds of CPU each, most of the fast tier's time).
 stamp() { cat "$@" | sha256sum | cut -d' ' -f1; }
+vllm_want=$(stamp requirements-vllm.txt)
+app_want=$(stamp requirements*.txt tests/run.sh)
 vllm_env() {
-  local want
-  want=$(stamp requirements-vllm.txt)
+  local want=$vllm_want
   [ "$(cat .venv-vllm/.installed 2>/dev/null)" = "$want" ] && return
   if .venv-vllm/bin/python -c "import vllm, av, soundfile, soxr" >/dev/null 2>&1; then
     echo "$want" > .venv-vllm/.installed
@@ -103,9 +104,8 @@ vllm_env() {
   uninstall .venv-vllm/bin/python torchvision torchaudio torchcodec
   echo "$want" > .venv-vllm/.installed
 }
-app_want=$(stamp requirements*.txt tests/run.sh)
 if [ "$(cat .venv/.installed 2>/dev/null)" != "$app_want" ] || \
-   [ "$(cat .venv-vllm/.installed 2>/dev/null)" != "$(stamp requirements-vllm.txt)" ]; then
+   [ "$(cat .venv-vllm/.installed 2>/dev/null)" != "$vllm_want" ]; then
   use_uv
 fi
 vllm_env &

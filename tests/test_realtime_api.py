@@ -42,12 +42,12 @@ from real_speech import Clip, clips, compilation, corpus_wer, loops
 pytest_plugins = ["live_apps"]
 
 WER_MARGIN = 0.03
+"""How far the live completed transcripts' corpus WER may lie above the file reading of the same clips (the
+issue's 3 points)."""
 TRANSPORT_MARGIN = 0.2
 """The real-time WebRTC calls test the transport: the speech arrives whole (a lost utterance of three costs a
 third). Their words are measured at code speed (tests/test_real_speech.py `test_live_on_real_speech`); in real
 time beside a loaded machine a client on the same cores once lost two words of one utterance."""
-"""How far the live completed transcripts' corpus WER may lie above the file reading of the same clips (the
-issue's 3 points)."""
 G711_MARGIN = 0.09
 """The same for 8 kHz mu-law, over 49 words: on band-limited audio tiny.en misreads up to three words in a live cut
 that the file's window gets right ("ill-disposed young" as "old-sposed" or "old supposed"), and a leading word that
