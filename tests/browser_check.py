@@ -5,8 +5,8 @@ standalone, in a loopback-only network namespace:
     unshare --net bash -c 'ip link set lo up && exec python tests/browser_check.py --wav W --out O --shot S'
 launches `python app.py --ice-loopback` (conftest.launch) for it. The page is opened, "start stream" clicked,
 #rt-transcript polled until every sentence has its final line (`--expect`), a full-page screenshot taken and
-every request recorded. FLAGS and KEEP_PCS are the browser flags and the peer-connection hook every page check
-uses.
+every request recorded. FLAGS, KEEP_PCS and FRAMES are the browser flags, the peer-connection hook and the frame
+rate every page check uses.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ FLAGS = [
 KEEP_PCS = """(() => { const Orig = window.RTCPeerConnection; window.__pcs = [];
   window.RTCPeerConnection = function (...a) { const pc = new Orig(...a); window.__pcs.push(pc); return pc; };
   window.RTCPeerConnection.prototype = Orig.prototype; })();"""
+FRAMES = """(() => { const raf = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = (cb) => setTimeout(() => raf(cb), 250); })();"""
+"""Animation frames a quarter of a second apart, not at the display's rate. A headless browser paints the page's
+microphone level and idle wave (FastRTC's, redrawn every frame) for no one, and at the display's rate that painting
+was most of a streaming page's CPU (docs/testing.md), taken from the apps under test on the same cores. Nothing a
+check reads depends on the frame rate: lines, progress and downloads are DOM updates, and every wait polls the DOM."""
 READ = """() => { const box = document.getElementById("rt-transcript");
   const texts = (sel) => [...box.querySelectorAll(sel)].map((e) => e.textContent.trim()).filter(Boolean);
   return { finals: texts(".rt-final"), partial: texts(".rt-committed, .rt-tentative"),
@@ -55,6 +61,7 @@ def transcribe(p: Playwright, url: str, wav: Path, shot: Path, expect: int, time
     try:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.add_init_script(KEEP_PCS)
+        page.add_init_script(FRAMES)
         page.on("request", lambda r: result["requests"].append(r.url))
         page.on("websocket", lambda ws: result["requests"].append(ws.url))
         page.on("console", lambda m: result["console"].append(f"{m.type}: {m.text}"))

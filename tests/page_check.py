@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from browser_check import FLAGS, KEEP_PCS, TIMEOUT_S, transcribe
+from browser_check import FLAGS, FRAMES, KEEP_PCS, TIMEOUT_S, transcribe
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
@@ -204,6 +204,7 @@ def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
 
 def file_tab(browser: Browser, app: App, upload: Path, requests: list[str], shots: Path) -> dict[str, Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.add_init_script(FRAMES)
     context.on("request", lambda q: requests.append(q.url))
     page = context.new_page()
     page.add_init_script(WATCH_PROGRESS)
@@ -251,6 +252,7 @@ def file_tab(browser: Browser, app: App, upload: Path, requests: list[str], shot
 def phone(browser: Browser, app: App, requests: list[str], shots: Path) -> dict[str, Any]:
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
                                   device_scale_factor=2)
+    context.add_init_script(FRAMES)
     context.on("request", lambda q: requests.append(q.url))
     page = context.new_page()
     page.goto(app.url, wait_until="load")
@@ -301,6 +303,7 @@ def language(p: Playwright, app: App, mic: Path, upload: Path, requests: list[st
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                 args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
     context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.add_init_script(FRAMES)
     context.on("request", lambda q: requests.append(q.url))
     r: dict[str, Any] = {"marks": marks}
 
@@ -350,6 +353,7 @@ def speakers(p: Playwright, app: App, mic: Path, requests: list[str], shots: Pat
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                 args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
     context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.add_init_script(FRAMES)
     context.on("request", lambda q: requests.append(q.url))
     r: dict[str, Any] = {}
 
@@ -482,6 +486,7 @@ def main() -> None:
                 browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                             args=[*FLAGS, f"--use-file-for-fake-audio-capture={a.mic.resolve()}"])
                 context = browser.new_context(viewport={"width": 1280, "height": 800})
+                context.add_init_script(FRAMES)
                 context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app.url)
                 context.on("request", lambda q: results["requests"].append(q.url))
                 context.on("page", lambda pg: pg.on("websocket", lambda ws: results["requests"].append(ws.url)))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from browser_check import FLAGS, KEEP_PCS
+from browser_check import FLAGS, FRAMES, KEEP_PCS
 from coturn import Coturn, start_coturn
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
@@ -54,6 +54,7 @@ PAIRS = """async () => { const out = [];
 def open_page(browser: Browser, app: App, log: list[str]) -> Page:
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.add_init_script(KEEP_PCS)
+    page.add_init_script(FRAMES)
     page.on("request", lambda r: log.append(r.url))
     page.on("console", lambda m: log.append(f"console {m.type}: {m.text}"))
     page.goto(app.url, wait_until="load")
