@@ -118,6 +118,27 @@ def word_clips() -> list[Path]:
     return [DATA / n for n in WORD_CLIPS]
 
 
+def script_compilation(seed: int, path: Path) -> Compilation:
+    """A compilation as ../shared/tools/random_compilations.py built it (the clips of up to 40 s in the manifest's
+    order, 14 drawn, pauses of 0.3 to 1.3 s, resampled by interpolation): its seeds 1, 2, 5 and 11 lost a sentence."""
+    import random
+
+    rng = random.Random(seed)
+    picked = rng.sample(clips(longest=40), 14)
+    parts, spans, t = [np.zeros(8000, dtype=np.float32)], [], 0.5
+    for clip in picked:
+        a, sr = sf.read(str(clip.path), dtype="float32")
+        a = a.mean(axis=1) if a.ndim > 1 else a
+        if sr != SAMPLE_RATE:
+            x = np.arange(0, len(a) * SAMPLE_RATE // sr) * sr / SAMPLE_RATE
+            a = np.interp(x, np.arange(len(a)), a).astype(np.float32)
+        spans.append((t, t + a.size / SAMPLE_RATE))
+        parts += [a, np.zeros(int(SAMPLE_RATE * rng.uniform(0.3, 1.3)), dtype=np.float32)]
+        t += (parts[-2].size + parts[-1].size) / SAMPLE_RATE
+    sf.write(str(path), np.concatenate(parts), SAMPLE_RATE)
+    return Compilation(path, picked, spans, seed=seed)
+
+
 LANGUAGES = DATA / "languages"
 ENGLISH = ("jfk.flac", "librispeech-1272-141231-0002.flac")
 
@@ -138,7 +159,8 @@ def recordings() -> list[Recording]:
 
 __all__ = ["DATA", "LANGUAGES", "MANIFEST", "Clip", "Compilation", "Recording", "clips", "compilation", "corpus_wer",
            "live_clips", "live_recording", "long_recording", "loops", "lost_runs", "matched_starts", "norm_word",
-           "quiet_copy", "recordings", "several_speakers", "transcribe_clips", "wer", "word_clips"]
+           "quiet_copy", "recordings", "script_compilation", "several_speakers", "transcribe_clips", "wer",
+           "word_clips"]
 
 
 VOICES = {

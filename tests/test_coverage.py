@@ -26,20 +26,48 @@ def words(*spans: tuple[float, float, str]) -> tuple[Word, ...]:
 
 def test_a_segment_with_words_over_its_speech_is_covered():
     speech = [(0.2, 3.0), (3.4, 6.0), (6.4, 7.0)]
-    said = [(0.3, 0.6), (0.7, 1.2), (1.5, 2.9), (3.5, 4.4), (4.6, 5.9), (6.5, 6.9)]
+    said = [(0.3, 0.6), (0.7, 1.2), (1.5, 2.9), (3.5, 4.0), (4.1, 4.4), (4.6, 5.9), (6.5, 6.9)]
     assert coverage.uncovered(speech, said) == []
+
+
+def test_a_skipped_sentence_under_stretched_words_is_uncovered():
+    """The decode skipped the second sentence and the aligner spread the next one's first two words over it (what
+    random compilations showed: 2 words over 6.6 s of speech): no gap, but too few words for that much speech."""
+    speech = [(0.2, 3.0), (3.4, 10.0), (10.4, 13.0)]
+    said = [(0.3, 0.6), (0.7, 1.2), (1.5, 2.9), (3.3, 6.5), (6.5, 10.1), (10.5, 11.0), (11.1, 12.0), (12.1, 12.9)]
+    assert coverage.longest_gap(speech[1], said) == 0.0
+    assert coverage.uncovered(speech, said) == [1]
+    slow = [(3.5 + 0.8 * k, 4.0 + 0.8 * k) for k in range(8)]  # a slow speaker's 8 words in 6.6 s
+    assert coverage.uncovered(speech[1:2], slow) == []
+    assert coverage.uncovered([(0.0, 0.9)], [(0.0, 0.9)]) == [], "a word may fill a short segment"
 
 
 def test_a_skipped_middle_segment_and_an_early_end_are_uncovered():
     speech = [(0.2, 3.0), (3.4, 6.0), (6.4, 9.0)]
-    said = [(0.3, 1.2), (1.5, 2.9), (6.5, 8.9)]  # the second sentence skipped
+    said = [(0.3, 1.2), (1.3, 2.0), (2.1, 2.9), (6.5, 7.2), (7.3, 8.1), (8.2, 8.9)]  # the second sentence skipped
     assert coverage.uncovered(speech, said) == [1]
-    assert coverage.uncovered(speech, [(0.3, 2.9)]) == [1, 2], "the decode ended after the first sentence"
+    assert coverage.uncovered(speech, said[:3]) == [1, 2], "the decode ended after the first sentence"
+
+
+def test_the_neighbours_of_an_uncovered_segment_with_words_over_it_are_suspect():
+    """A decode that skipped a short sentence and the first words of the next one ("For a full hour he had paced":
+    "He had" aligned over the skipped sentence, "paced" over the skipped words): the next segment goes back too."""
+    speech = [(0.0, 2.0), (2.2, 4.7), (5.1, 7.8), (8.2, 9.7)]
+    said = [(0.1, 0.6), (0.7, 1.9), (4.6, 5.1), (5.1, 5.1), (5.1, 6.7), (6.7, 6.9), (6.9, 7.1), (7.1, 7.7),
+            (8.3, 8.9), (8.9, 9.6)]
+    missing = coverage.uncovered(speech, said)
+    assert missing == [1]
+    assert coverage.suspect(speech, said, missing) == [0, 1, 2]
+    assert coverage.suspect(speech, said[:2] + said[4:], [1]) == [1], "no words over it: a clean skip"
+    brief = [(0.5, 0.6), (1.5, 4.0)]  # a falsetto phrase of which the VAD heard a tenth of a second
+    assert coverage.uncovered(brief, said[:2]) == [1]
+    assert coverage.suspect(brief, said[:2], [1]) == [0, 1] and coverage.suspect(brief, [(0.5, 0.6)], []) == []
 
 
 def test_a_long_segment_whose_text_stops_halfway_is_uncovered():
     assert coverage.uncovered([(0.0, 12.0)], [(0.1, 5.0)]) == [0]
-    assert coverage.uncovered([(0.0, 12.0)], [(0.1, 5.0), (5.2, 11.0)]) == [], "short pauses between words are fine"
+    spoken = [(0.1 + 0.4 * k, 0.4 + 0.4 * k) for k in range(12)] + [(5.2 + 0.4 * k, 5.5 + 0.4 * k) for k in range(15)]
+    assert coverage.uncovered([(0.0, 12.0)], spoken) == [], "short pauses between words are fine"
 
 
 def test_short_segments_need_a_word_but_clicks_need_none():
@@ -60,6 +88,8 @@ def test_timing_prefers_words_then_pieces_and_knows_when_there_is_none():
     assert coverage.timing(worded) == [(0.5, 0.9), (1.0, 1.3)]
     pieces = Transcription("a b", duration=9.0, segments=(TimedText(0.0, 2.0, "a"), TimedText(5.0, 9.0, "b")))
     assert coverage.timing(pieces) == [(0.0, 2.0), (5.0, 9.0)]
+    shared = Transcription("a b c", duration=9.0, segments=(TimedText(0.0, 2.0, "a"), TimedText(5.0, 9.0, "b c")))
+    assert coverage.timing(shared) == [(0.0, 2.0), (5.0, 7.0), (7.0, 9.0)], "a piece's time shared by its words"
     assert coverage.timing(Transcription("a b", duration=9.0, segments=(TimedText(0.0, 9.0, "a b"),))) is None
     assert coverage.timing(Transcription("a b", duration=9.0)) is None
     assert coverage.timing(Transcription("", duration=9.0)) == []
@@ -109,27 +139,31 @@ def account(engine: Scripted, w: Window, first: Transcription, asked: Transcribe
 
 def test_a_skipped_segment_is_decoded_alone_and_its_text_takes_its_place():
     w = window([3.0, 4.0, 3.0])
-    skipped = Transcription("One two. Five six.", duration=10.0, segments=(TimedText(0.0, 10.0, "One two. Five six.", (
-        *words((0.3, 1.2, "One"), (1.4, 2.7, "two.")), *words((7.3, 8.2, "Five"), (8.4, 9.7, "six."))),),))
-    alone = Transcription("Three four.", duration=4.0, segments=(TimedText(0.2, 3.8, "Three four."),))
+    said = "One two three. Seven eight nine."
+    skipped = Transcription(said, duration=10.0, segments=(TimedText(0.0, 10.0, said, (
+        *words((0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three.")),
+        *words((7.3, 8.0, "Seven"), (8.1, 8.8, "eight"), (8.9, 9.7, "nine."))),),))
+    alone = Transcription("Four, five and six.", duration=4.0, segments=(TimedText(0.2, 3.8, "Four, five and six."),))
     engine = Scripted({w.part_audio(1).size: alone})
     text = TranscribeOptions()
     got = account(engine, w, skipped, text)
-    assert got.text == "One two. Three four. Five six." and got.extra["redecoded"] == [1]
-    assert [(size, o.timestamps, o.word_timestamps) for size, o in engine.asked] == [(4 * SAMPLE_RATE, False, False)]
+    assert got.text == "One two three. Four, five and six. Seven eight nine." and got.extra["redecoded"] == [1]
+    assert [(size, o.timestamps, o.word_timestamps) for size, o in engine.asked] == [(4 * SAMPLE_RATE, False, True)], \
+        "decoded alone as the window was, so that its answer is checked in turn"
     assert got.segments == (TimedText(0.0, 10.0, got.text),), "text formats get no words they did not ask for"
 
 
 def test_timed_pieces_over_an_uncovered_segment_are_replaced_by_its_own():
     w = window([3.0, 4.0, 3.0])
-    first = Transcription("One two. Five six.", duration=10.0,
-                          segments=(TimedText(0.1, 2.9, "One two."), TimedText(7.1, 9.9, "Five six.")))
-    alone = Transcription("Three four.", duration=4.0, segments=(TimedText(0.3, 3.7, "Three four."),))
+    first = Transcription("One two three. Seven eight nine.", duration=10.0,
+                          segments=(TimedText(0.1, 2.9, "One two three."), TimedText(7.1, 9.9, "Seven eight nine.")))
+    alone = Transcription("Four five six.", duration=4.0, segments=(TimedText(0.3, 3.7, "Four five six."),))
     engine = Scripted({w.part_audio(1).size: alone}, words=False)
     got = account(engine, w, first, TranscribeOptions(timestamps=True))
     assert [(p.start, p.end, p.text) for p in got.segments] == [
-        (0.1, 2.9, "One two."), (pytest.approx(3.3), pytest.approx(6.7), "Three four."), (7.1, 9.9, "Five six.")]
-    assert got.text == "One two. Three four. Five six."
+        (0.1, 2.9, "One two three."), (pytest.approx(3.3), pytest.approx(6.7), "Four five six."),
+        (7.1, 9.9, "Seven eight nine.")]
+    assert got.text == "One two three. Four five six. Seven eight nine."
 
 
 def test_a_lone_segment_whose_text_stops_short_is_decoded_again_with_timestamps():
@@ -154,9 +188,55 @@ def test_an_answer_without_times_has_each_packed_segment_decoded_alone():
 
 def test_a_covered_window_is_not_decoded_again():
     w = window([3.0, 4.0])
-    said = Transcription("One two. Three four.", duration=7.0, segments=(TimedText(0.0, 7.0, "x", words(
-        (0.3, 1.2, "One"), (1.4, 2.7, "two."), (3.3, 4.5, "Three"), (4.7, 6.7, "four."))),))
+    said = Transcription("One two three. Four five six seven.", duration=7.0, segments=(TimedText(0.0, 7.0, "x", words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."), (3.3, 4.2, "Four"), (4.3, 5.0, "five"),
+        (5.1, 5.8, "six"), (5.9, 6.7, "seven."))),))
     said = replace(said, segments=(replace(said.segments[0], text=said.text),))
     engine = Scripted({})
     got = account(engine, w, said, TranscribeOptions())
     assert got.text == said.text and not engine.asked and "redecoded" not in got.extra
+
+
+def test_segments_skipped_together_are_decoded_together_and_checked_again():
+    """A decode that ended after the first sentence: the three segments after it go back as one window (their
+    sentences keep each other's context), and the one that window's answer skips in turn is decoded alone."""
+    w = window([3.0, 3.0, 3.0, 3.0])
+    first = Transcription("One two three.", duration=12.0, segments=(TimedText(0.0, 12.0, "One two three.", words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."))),))
+    rest = w.sub(1, 4)
+    assert rest.audio.size == 9 * SAMPLE_RATE and rest.speech[0] == pytest.approx((0.2, 2.8))
+    again = Transcription("Four five six. Ten eleven twelve.", duration=9.0, segments=(TimedText(
+        0.0, 9.0, "Four five six. Ten eleven twelve.", words(
+            (0.3, 1.0, "Four"), (1.1, 1.8, "five"), (1.9, 2.7, "six."),
+            (6.3, 7.0, "Ten"), (7.1, 7.8, "eleven"), (7.9, 8.7, "twelve."))),))
+    alone = Transcription("Seven eight nine.", duration=3.0, segments=(TimedText(0.2, 2.8, "Seven eight nine."),))
+    engine = Scripted({9 * SAMPLE_RATE: again, 3 * SAMPLE_RATE: alone})
+    got = account(engine, w, first, TranscribeOptions())
+    assert got.text == "One two three. Four five six. Seven eight nine. Ten eleven twelve."
+    asked = [(size, o.word_timestamps) for size, o in engine.asked]
+    assert asked == [(9 * SAMPLE_RATE, True), (3 * SAMPLE_RATE, True)]
+    assert got.extra["redecoded"] == [1, 2, 3]
+
+
+def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():
+    """A segment holding two sentences, skipped in its window, and whose own decode ends after the first: that
+    answer is checked too, and the segment decoded once more with Whisper's timestamps (long-form decoding carries
+    on past an early end); that answer stands."""
+    w = window([3.0, 8.0])
+    first = Transcription("One two three.", duration=11.0, segments=(TimedText(0.0, 11.0, "One two three.", words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."))),))
+    short = Transcription("Four five.", duration=8.0, segments=(TimedText(0.0, 8.0, "Four five.", words(
+        (0.3, 1.0, "Four"), (1.1, 1.8, "five."))),))
+    whole = Transcription("Four five. Six seven eight nine.", duration=8.0, segments=(
+        TimedText(0.2, 2.0, "Four five."), TimedText(3.0, 7.8, "Six seven eight nine.")))
+    answers = iter([short, whole])
+
+    class Twice(Scripted):
+        async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+            self.asked.append((audio.size, options))
+            return next(answers)
+
+    engine = Twice({})
+    got = account(engine, w, first, TranscribeOptions())
+    assert got.text == "One two three. Four five. Six seven eight nine."
+    assert [(size, o.timestamps) for size, o in engine.asked] == [(8 * SAMPLE_RATE, False), (8 * SAMPLE_RATE, True)]

@@ -1,6 +1,8 @@
 """Benchmarks, side by side in one run: file RTFx/WER against peers, live latency under load, quantization.
 
     python -m realtime bench file   [--audio FILE --text REF | --audio MANIFEST.tsv [--joined PAUSE_S]] [--model base]
+    python -m realtime bench file   --random N [--seed S] [--served]  (bench/compilations.py: speech lost on random
+                                    compilations of a manifest's clips)
     python -m realtime bench stream [--audio FILE --text REFERENCE | --audio MANIFEST.tsv] [--clients 1,2,4,8,16]
     python -m realtime bench quant  [--audio MANIFEST.tsv] [--vllm base]
     python -m realtime bench soak   --minutes M --clients N [--audio FILE --text REFERENCE] [--url URL --pid PID]
@@ -13,8 +15,8 @@ All take --out DIR. A manifest is tests/data/manifest.tsv's format: real clips w
 
 Each writes DIR/bench-<kind>.json, a Markdown table DIR/bench-<kind>.md and a chart DIR/bench-<kind>.png.
 Speed is reported as medians over several runs after a warm-up, and as ratios measured in the same run.
-One module per benchmark (files, stream, soak, quant, pool, gpu, speakers, peers), what they share in common.py, the
-command line in cli.py; corpus.py (real clips and WER), synth.py (synthesized speech) and client.py (the WebRTC
-client) serve them and the tests.
+One module per benchmark (files, compilations, stream, soak, quant, pool, gpu, speakers, peers), what they share in
+common.py, the command line in cli.py; corpus.py (real clips, random compilations of them, WER and lost speech),
+synth.py (synthesized speech) and client.py (the WebRTC client) serve them and the tests.
 Needs espeak-ng and sox (synthesized speech), jiwer and whisper-normalizer (WER), matplotlib (charts).
 """

@@ -24,6 +24,12 @@ def main(argv: list[str]) -> int:
     f.add_argument("--joined", type=float, metavar="PAUSE_S",
                    help="with a manifest: its clips joined into one long recording, with pauses of this many seconds")
     f.add_argument("--minutes", type=float, default=10.0, help="length of the synthesized recording")
+    f.add_argument("--random", type=int, metavar="N",
+                   help="N random compilations of a manifest's clips (--audio, default tests/data/manifest.tsv): the "
+                        "speech each pipeline loses against its reading of the clips alone (one run each)")
+    f.add_argument("--seed", type=int, help="with --random: the first compilation's seed (default: from the clock)")
+    f.add_argument("--served", action="store_true", help="with --random: also a launched app's HTTP API (json, "
+                                                          "verbose_json, SSE) and a remote engine sending to it")
     f.add_argument("--model", help="tiny.en (default: the bundled one), base (multilingual, from its packages) or a "
                                    "CTranslate2 directory")
     f.add_argument("--compute-type", help="default: int8 for tiny.en, float32 for base")
@@ -81,6 +87,11 @@ def main(argv: list[str]) -> int:
     one.add_argument("compute_type")
     one.add_argument("clips")
     args = parser.parse_args(argv)
+    if args.kind == "file" and args.random:
+        from .compilations import bench_random
+
+        doc = bench_random(args)
+        return 0 if not any(r["lost_runs"] for r in doc["results"] if r["name"].startswith("realtime")) else 1
     if args.kind == "file":
         bench_file(args)
     elif args.kind == "stream":

@@ -2,12 +2,15 @@
 
 A manifest is a tab-separated file (`file`, `duration_s`, `condition`, `speaker`, `text`, more columns allowed)
 beside its audio, like tests/data/manifest.tsv. `compilation` joins clips with pauses into one recording whose
-utterance times are known, for streaming them live as one person speaking with pauses.
+utterance times are known, for streaming them live as one person speaking with pauses; `random_compilation` draws
+the clips, their order, the pauses between them and their levels from a seed, for checks on recordings that no
+earlier run has seen. `lost_runs` finds the stretches of speech an answer leaves out.
 """
 
 from __future__ import annotations
 
 import csv
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,9 @@ class Compilation:
     clips: list[Clip]
     spans: list[tuple[float, float]]
     """(start, end) of each clip in the recording, seconds."""
+    gains_db: tuple[float, ...] = ()
+    """The gain each clip was given (`random_compilation`), dB."""
+    seed: int | None = None
 
     @property
     def texts(self) -> list[str]:
@@ -75,6 +81,38 @@ def compilation(clips: list[Clip], path: Path, gap: float = 1.2, lead: float = 0
     return Compilation(path, list(clips), spans)
 
 
+PAUSES_S = (0.1, 1.5)
+"""The pauses between a random compilation's clips are drawn from this range: some shorter than the VAD's minimum
+silence (two clips in one segment), some long enough to close a segment."""
+LEVEL_DB = -26.0
+"""A random compilation's clips are brought to this RMS level before their gains are drawn."""
+LEVEL_SPREAD_DB = 6.0
+"""...and then given a gain drawn from plus or minus this much: levels differ by up to twice it between clips."""
+
+
+def random_compilation(clips: list[Clip], path: Path, seed: int, count: tuple[int, int] = (6, 14)) -> Compilation:
+    """A recording drawn from `seed`: `count` clips (a number drawn from that range) in a random order, random pauses
+    (`PAUSES_S`) and levels (`LEVEL_DB`, `LEVEL_SPREAD_DB`; a clip whose peak would clip is turned down), as a 16 kHz
+    mono WAV. The same seed and clips give the same recording."""
+    import soundfile as sf
+
+    rng = random.Random(seed)
+    picked = rng.sample(clips, min(len(clips), rng.randint(*count)))
+    parts = [np.zeros(int(rng.uniform(0.1, 1.0) * SAMPLE_RATE), np.float32)]
+    spans, gains, t = [], [], parts[0].size / SAMPLE_RATE
+    for clip in picked:
+        audio = decode_file(clip.path)
+        rms = max(float(np.sqrt(np.mean(audio ** 2))), 1e-5)
+        gain = min(10 ** ((LEVEL_DB + rng.uniform(-LEVEL_SPREAD_DB, LEVEL_SPREAD_DB)) / 20) / rms,
+                   0.99 / max(float(np.abs(audio).max()), 1e-5))
+        gains.append(round(20 * float(np.log10(gain)), 1))
+        spans.append((t, t + audio.size / SAMPLE_RATE))
+        parts += [(audio * gain).astype(np.float32), np.zeros(int(rng.uniform(*PAUSES_S) * SAMPLE_RATE), np.float32)]
+        t += (parts[-2].size + parts[-1].size) / SAMPLE_RATE
+    sf.write(str(path), np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
+    return Compilation(path, picked, spans, tuple(gains), seed)
+
+
 def corpus_wer(references: list[str], hypotheses: list[str]) -> float:
     """Word errors over all clips divided by their reference words (Whisper's English normaliser on both sides)."""
     import jiwer
@@ -106,6 +144,18 @@ def lost_runs(reference: str, hypothesis: str, words: int = LOST_RUN_WORDS) -> l
     out = jiwer.process_words(ref, hyp)
     return [" ".join(said[c.ref_start_idx:c.ref_end_idx]) for c in out.alignments[0]
             if c.type == "delete" and c.ref_end_idx - c.ref_start_idx >= words]
+
+
+def lost_speech(compilation: Compilation, alone: dict[str, str], answer: str) -> list[str]:
+    """The stretches of speech an answer for a compilation leaves out: runs of `LOST_RUN_WORDS` or more words that
+    the same pipeline writes for the clips posted alone (`alone`, by clip name) and that the answer lacks. A run
+    that is not speech of the clips (most of its words in none of their reference texts: a phrase Whisper made up
+    over a clip's silence, "we'll see you next time") is not counted."""
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    said = set(EnglishTextNormalizer()(compilation.text).split())
+    runs = lost_runs(" ".join(alone[c.name] for c in compilation.clips), answer)
+    return [r for r in runs if 2 * sum(w in said for w in r.split()) >= len(r.split())]
 
 
 def loops(hypotheses: list[str]) -> list[str]:

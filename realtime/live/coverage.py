@@ -3,9 +3,12 @@
 A file's speech segments are packed into windows and each window is decoded in one pass (realtime/live/transcribe.py).
 Whisper may skip a sentence in the middle of a window, or end its decode early, and still give fluent text. The
 result's times say which audio its text came from: the words aligned on the encoder output (engines that declare
-`word_timestamps`) or Whisper's timed pieces (engines that declare `timestamps`). A segment whose speech holds a
-long stretch that no text lies over is `uncovered`; the file path decodes it again on its own (`redecode_options`)
-and that answer stands for it: its text, Whisper's no-speech verdict, or an error entry.
+`word_timestamps`) or Whisper's timed pieces (engines that declare `timestamps`). A segment is `uncovered` when its
+speech holds a long stretch that no text lies over, or when its text is too short for its speech: alignment spreads
+the words a decode kept over the speech it was given, so a skipped sentence beside a few kept words can look
+covered, but not as many words; the segments beside one that holds such words are `suspect` too. The file path
+decodes them again (realtime/live/transcribe.py) and that answer, checked in turn, stands for them: its text,
+Whisper's no-speech verdict, or an error entry.
 
 A packed window whose greedy decode the decoding policy rejected (a loop, a guess) is not trusted to a sample at a
 higher temperature either: each of its segments is decoded alone (`sampled`). An engine that gives no times cannot
@@ -29,6 +32,10 @@ GAP_SHARE = 0.6
 """So is a stretch over this share of a shorter segment's speech."""
 MIN_SPEECH_S = 0.25
 """Segments with less speech than this need no cover (a click or a breath the VAD kept)."""
+MIN_WORDS_PER_S = 1.0
+"""Fewer words than this per second of a segment's speech is text too short for it."""
+SPARSE_SPEECH_S = 1.0
+"""Segments with less speech than this are judged by their gaps alone (a word or two is a whole answer)."""
 REACH_S = 0.4
 """How far beyond a word's or a piece's times its text counts as covering speech: alignment is coarse at the
 edges of words, and Whisper's piece boundaries fall in the pauses around them."""
@@ -60,17 +67,19 @@ def redecode_options(engine: Engine, options: TranscribeOptions, asked: Transcri
 
 
 def timing(result: Transcription) -> list[Span] | None:
-    """Where the result's text lies in its clip: its words' times, else its timed pieces; None when it has text
-    but no times (one piece over the whole clip is no timing); [] when it has no text."""
+    """Where each word of the result's text lies in its clip: its words' times, else each timed piece shared evenly
+    among its words; None when it has text but no times (one piece over the whole clip is no timing); [] when it
+    has no text."""
     if not result.text.strip():
         return []
     words = [(w.start, w.end) for w in result.words if w.word.strip()]
     if words:
         return words
-    pieces = [(p.start, p.end) for p in result.segments if p.text.strip()]
+    pieces = [(p.start, p.end, len(p.text.split())) for p in result.segments if p.text.strip()]
     if len(pieces) == 1 and pieces[0][0] <= 0.0 and pieces[0][1] >= result.duration - 0.01:
         return None
-    return pieces or None
+    step = [(a, (b - a) / n, n) for a, b, n in pieces]
+    return [(a + k * d, a + (k + 1) * d) for a, d, n in step for k in range(n)] or None
 
 
 def sampled(result: Transcription) -> bool:
@@ -96,16 +105,41 @@ def longest_gap(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> 
     return max(longest, end - at)
 
 
+def words_in(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> int:
+    """How many words (covered spans) have their middle in `span` (widened by `reach`)."""
+    start, end = span
+    return sum(start - reach <= (a + b) / 2 < end + reach for a, b in covered)
+
+
+def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[int]) -> list[int]:
+    """`missing` (uncovered segments of a packed window) with the neighbours of each one that holds words, and the
+    segments too brief to be judged by their speech that got no word. Words over a segment that is not covered were
+    stretched there from a sentence beside it, and the decode may have skipped that sentence's first or last words
+    too; the VAD may hear a fraction of a second of a voice it does not know (a falsetto) whose phrase is in the
+    audio around it."""
+    out = set(missing) | {i for i, span in enumerate(speech) if span[1] - span[0] < MIN_SPEECH_S
+                          and not words_in(span, covered, reach=0.0)}
+    for i in missing:
+        if words_in(speech[i], covered):
+            out |= {j for j in (i - 1, i + 1) if 0 <= j < len(speech)}
+    return sorted(out)
+
+
 def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
-    """Indexes of the speech spans (a window's segments) that hold a stretch of speech no text covers: at least
-    `GAP_S`, or `GAP_SHARE` of a shorter segment's speech."""
+    """Indexes of the speech spans (a window's segments) that hold a stretch of speech no text covers (at least
+    `GAP_S`, or `GAP_SHARE` of a shorter segment's speech), or whose words are too few for their speech
+    (`MIN_WORDS_PER_S` over `SPARSE_SPEECH_S` or more); `covered` holds one span per word."""
     out = []
     for i, (a, b) in enumerate(speech):
         length = b - a
-        if length >= MIN_SPEECH_S and longest_gap((a, b), covered) >= min(GAP_S, GAP_SHARE * length):
+        if length < MIN_SPEECH_S:
+            continue
+        if longest_gap((a, b), covered) >= min(GAP_S, GAP_SHARE * length) or (
+                length >= SPARSE_SPEECH_S and words_in((a, b), covered) < MIN_WORDS_PER_S * length):
             out.append(i)
     return out
 
 
-__all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "REACH_S", "Span", "check_options", "checkable", "longest_gap",
-           "redecode_options", "sampled", "timing", "uncovered"]
+__all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "Span",
+           "check_options", "checkable", "longest_gap", "redecode_options", "sampled", "suspect", "timing",
+           "uncovered", "words_in"]

@@ -16,8 +16,10 @@ A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of s
 recording around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's
 speech. The VAD may hear only a fraction of a second of a falsetto, creaky or quick voice, too little for Whisper,
 where the recording around it holds the rest of the phrase (faster-whisper's VAD, which waits 2 s of silence
-before it ends a span, gives it that much). Live sessions cannot wait for the audio after a segment, so this is
-for files.
+before it ends a span, gives it that much). A short segment packed with others gets that audio as its part of the
+window only where the recording beside it stays loud (`QUIET_DB`) for `UNHEARD_S` or more, up to `UNHEARD_AFTER_S`
+after it: speech the VAD did not hear. Live sessions cannot wait for the audio after a segment, so this is for
+files.
 Used by `python -m realtime transcribe` and by the HTTP API (realtime/web/api.py).
 """
 
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 _DONE = object()
 CONTEXT_BEFORE_S = 1.0
 CONTEXT_AFTER_S = 2.0
+UNHEARD_AFTER_S = 4.0
 CONTEXT_SPEECH_S = 2.0
 """A lone segment with less speech than this is decoded with the audio around it."""
 
@@ -89,6 +92,15 @@ class Window(SegmentEnd):
         a, b = self.bounds()[i]
         return self.heard[round(a * SAMPLE_RATE):round(b * SAMPLE_RATE)]
 
+    def sub(self, first: int, stop: int) -> Window:
+        """The window of packed segments `first` to `stop` (excluded) alone."""
+        bounds = self.bounds()
+        a, b = bounds[first][0], bounds[stop - 1][1]
+        audio = self.audio[round(a * SAMPLE_RATE):round(b * SAMPLE_RATE)]
+        return Window(self.segment, self.start, self.end, audio, self.forced, self.parts[first][1],
+                      tuple((o - a, t) for o, t in self.parts[first:stop]),
+                      speech=tuple((x - a, y - a) for x, y in self.speech[first:stop]))
+
     def decoded(self, result: Transcription, timed: bool) -> Window:
         """The window as its result was decoded: over its context, if it had one, so that times and words map to
         the stream. Its span grows to the timed pieces that Whisper found in the context."""
@@ -113,33 +125,36 @@ class Window(SegmentEnd):
 
 class _Packer:
     """Packs consecutive segments into windows of at most `seconds` of audio (a longer segment stays alone) and at
-    most `max_parts` segments."""
+    most `max_parts` segments; a short segment's context is its part of a window it shares."""
 
     def __init__(self, seconds: float, max_parts: int | None = None) -> None:
         self.limit = int(seconds * SAMPLE_RATE)
         self.max_parts = max_parts
         self.parts: list[SegmentEnd] = []
-        self.context: tuple[np.ndarray, float] | None = None
+        self.contexts: list[_Context | None] = []
         self.size = 0
         self.index = 0
 
-    def add(self, end: SegmentEnd, context: tuple[np.ndarray, float] | None = None) -> list[SegmentEnd]:
-        full = self.size + end.audio.size > self.limit or len(self.parts) == (self.max_parts or -1)
+    def add(self, end: SegmentEnd, context: _Context | None = None) -> list[SegmentEnd]:
+        size = max(end.audio.size, context.unheard[0].size if context and context.unheard else 0)
+        full = self.size + size > self.limit or len(self.parts) == (self.max_parts or -1)
         out = [self._emit()] if self.parts and full else []
         self.parts.append(end)
-        self.context = context if len(self.parts) == 1 else None
-        self.size += end.audio.size
+        self.contexts.append(context)
+        self.size += size
         return out
 
     def flush(self) -> list[SegmentEnd]:
         return [self._emit()] if self.parts else []
 
     def _emit(self) -> Window:
-        parts, self.parts, self.size = self.parts, [], 0
+        parts, contexts, self.parts, self.contexts, self.size = self.parts, self.contexts, [], [], 0
+        context, context_start = contexts[0].around if len(parts) == 1 and contexts[0] else (None, 0.0)
+        if len(parts) > 1:  # a short segment beside unheard speech: its part is that audio
+            parts = [replace(p, audio=c.unheard[0], audio_start=c.unheard[1]) if c and c.unheard else p
+                     for p, c in zip(parts, contexts, strict=True)]
         audio = parts[0].audio if len(parts) == 1 else np.concatenate([p.audio for p in parts])
         offsets = np.cumsum([0, *(p.audio.size for p in parts[:-1])]) / SAMPLE_RATE
-        context, context_start = self.context or (None, 0.0)
-        self.context = None
         window = Window(self.index, parts[0].start, parts[-1].end, audio, parts[-1].forced, parts[0].audio_start,
                         tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)),
                         context, context_start,
@@ -147,6 +162,41 @@ class _Packer:
                               for o, p in zip(offsets, parts, strict=True)))
         self.index += 1
         return window
+
+
+FRAME = SAMPLE_RATE // 10
+QUIET_DB = 10.0
+"""Audio within this of a segment's level is loud."""
+UNHEARD_S = 0.5
+"""Loud audio this long beside a short segment, outside every segment, is speech the VAD did not hear."""
+
+
+@dataclass(frozen=True)
+class _Context:
+    """The recording around a short segment: (audio, stream time of its first sample)."""
+
+    around: tuple[np.ndarray, float]
+    """`CONTEXT_BEFORE_S` before, `CONTEXT_AFTER_S` after: what a lone short segment is decoded with."""
+    unheard: tuple[np.ndarray, float] | None
+    """The segment's audio with the loud audio beside it, where that is `UNHEARD_S` more than its own, else None."""
+
+
+def _sounding(audio: np.ndarray, first: int, stop: int, segment: np.ndarray) -> tuple[int, int]:
+    """The part of a context to keep: the segment's own audio (`first` to `stop`), widened to the furthest 0.1 s
+    frames before and after it that are within `QUIET_DB` of the segment's level, and a frame more each way."""
+    level = float(np.sqrt(np.mean(segment.astype(np.float64) ** 2))) if segment.size else 0.0
+    floor = level * 10 ** (-QUIET_DB / 20)
+
+    def loud(part: np.ndarray) -> np.ndarray:
+        frames = part[:part.size // FRAME * FRAME].reshape(-1, FRAME).astype(np.float64)
+        return np.sqrt(np.mean(frames ** 2, axis=1)) >= floor if frames.size and level > 0 else np.zeros(0, bool)
+
+    first, stop = max(0, first), min(audio.size, stop)
+    after = np.flatnonzero(loud(audio[stop:]))
+    before = np.flatnonzero(loud(audio[:first][::-1]))
+    hi = min(audio.size, stop + (int(after[-1]) + 2) * FRAME) if after.size else stop
+    lo = max(0, first - (int(before[-1]) + 2) * FRAME) if before.size else first
+    return lo, hi
 
 
 class _Surroundings:
@@ -177,16 +227,24 @@ class _Surroundings:
                 last = first + event.audio.size
                 short = event.end - event.start < CONTEXT_SPEECH_S
                 a = min(first, max(self.last_end, self.origin, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE)))
-                self.waiting.append((event, a, last + round(CONTEXT_AFTER_S * SAMPLE_RATE) if short else -1))
+                self.waiting.append((event, a, last + round(UNHEARD_AFTER_S * SAMPLE_RATE) if short else -1))
                 self.last_end = last
 
-    def ready(self, flush: bool = False) -> list[tuple[SegmentEnd, tuple[np.ndarray, float] | None]]:
+    def ready(self, flush: bool = False) -> list[tuple[SegmentEnd, _Context | None]]:
         out = []
         while self.waiting and (flush or self.waiting[0][2] <= self.read_to):
             end, a, b = self.waiting.popleft()
             context = None
             if b >= 0:
-                context = (self.audio[a - self.origin:min(b, self.read_to) - self.origin].copy(), a / SAMPLE_RATE)
+                audio = self.audio[a - self.origin:min(b, self.read_to) - self.origin]
+                first = round(end.audio_start * SAMPLE_RATE) - a
+                stop = first + end.audio.size
+                lo, hi = _sounding(audio, first, stop, end.audio)
+                around = (audio[:stop + round(CONTEXT_AFTER_S * SAMPLE_RATE)].copy(), a / SAMPLE_RATE)
+                unheard = ((audio[lo:hi].copy(), (a + lo) / SAMPLE_RATE)
+                           if lo <= first and hi >= stop and hi - lo >= end.audio.size + UNHEARD_S * SAMPLE_RATE
+                           else None)
+                context = _Context(around, unheard)
             out.append((end, context))
         floor = min([self.read_to - self.keep, *(a for _, a, _ in self.waiting)])
         if floor > self.origin:
@@ -390,30 +448,65 @@ async def transcribe_results(
             await iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _account(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
-                   asked: TranscribeOptions) -> Transcription | BaseException:
-    """The coverage rule (realtime/live/coverage.py) on a window's result: each segment whose speech its text does not
-    cover is decoded again alone, and its answer takes that segment's place. A result without times (an endpoint
-    that gave none), or one sampled after the greedy decode was rejected, has every segment of a packed window
-    decoded alone. A text format's window stays one piece,
-    and word times the caller did not ask for are dropped from the result."""
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Consecutive indexes as (first, stop) ranges."""
+    out: list[tuple[int, int]] = []
+    for i in indexes:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+async def _check(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
+                 asked: TranscribeOptions) -> Transcription | BaseException:
+    """The coverage rule on a window's result, its answers spliced in (see `_account`)."""
     spans = coverage.timing(result)
     speech = window.heard_speech
-    if spans is None or coverage.sampled(result):
+    sampled = coverage.sampled(result)
+    checked = bool(spans) and not sampled and len(speech) > 1  # the answers are checked in turn
+    if spans is None or sampled:
         missing = list(range(len(speech))) if len(speech) > 1 else []
     else:
         missing = coverage.uncovered(speech, spans)
-    if missing:
-        log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
-                 window.segment, len(missing), len(speech))
-        redo = coverage.redecode_options(worker.engine, options, asked, packed=len(speech) > 1)
-        jobs = [Job(name, window.segment, window.part_audio(i), _lane(asked), redo) for i in missing]
-        answers = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
-        failed = next((a for a in answers if isinstance(a, BaseException)), None)
-        if failed is not None:
-            return failed
-        result = _splice(window, result, {i: a for i, a in zip(missing, answers, strict=True)
-                                          if isinstance(a, Transcription)})
+        if checked:
+            missing = coverage.suspect(speech, spans, missing)
+    if not missing:
+        return result
+    log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
+             window.segment, len(missing), len(speech))
+    redo = coverage.redecode_options(worker.engine, options, asked, packed=len(speech) > 1)
+    runs = _runs(missing) if checked else [(i, i + 1) for i in missing]
+    if runs == [(0, len(speech))]:  # nothing in the window to build on: each segment alone
+        runs = [(i, i + 1) for i in missing]
+    jobs = [Job(name, window.segment, window.part_audio(a) if b == a + 1 else window.sub(a, b).audio, _lane(asked),
+                options if checked else redo) for a, b in runs]
+    answers: list[Transcription | BaseException] = list(
+        await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True))
+    for k, ((a, b), answer) in enumerate(zip(runs, answers, strict=True)):
+        if checked and isinstance(answer, Transcription):
+            answers[k] = await _check(worker, name, window.sub(a, b), answer, options, asked)
+    failed = next((a for a in answers if isinstance(a, BaseException)), None)
+    if failed is not None:
+        return failed
+    return _splice(window, result, {run: a for run, a in zip(runs, answers, strict=True)
+                                    if isinstance(a, Transcription)})
+
+
+async def _account(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
+                   asked: TranscribeOptions) -> Transcription | BaseException:
+    """The coverage rule (realtime/live/coverage.py) on a window's result: segments whose speech its text does not
+    cover are decoded again, and their answer takes their place: a run of consecutive ones together (a decode that
+    ended early leaves the rest of the window to be decoded with its context), a single one alone, each answer
+    checked in turn as a window of its own, down to a lone segment decoded as `redecode_options` says, whose answer
+    stands. A result without times (an endpoint that gave none), or one sampled after the greedy decode was
+    rejected, has every segment of a packed window decoded alone, as asked. A text format's window stays one piece,
+    and word times the caller did not ask for are dropped from the result."""
+    checked = await _check(worker, name, window, result, options, asked)
+    if isinstance(checked, BaseException):
+        return checked
+    result = checked
     if not asked.timestamps:  # a text format: the window is one entry
         words = result.words if asked.word_timestamps else ()
         text = result.text.strip()
@@ -423,10 +516,12 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
     return result
 
 
-def _splice(window: Window, result: Transcription, redone: dict[int, Transcription]) -> Transcription:
-    """The window's result with the segments in `redone` answered by their own decode: its words (or timed
-    pieces) that lie in another segment's audio kept, in order, with the new answers in their places."""
+def _splice(window: Window, result: Transcription, redone: dict[tuple[int, int], Transcription]) -> Transcription:
+    """The window's result with the runs of segments in `redone` ((first, stop) of each) answered by their own
+    decode: its words (or timed pieces) that lie in another segment's audio kept, in order, with the new answers
+    in their places."""
     bounds = window.bounds()
+    again = {i for a, b in redone for i in range(a, b)}
 
     def part(t: float) -> int:
         return min(range(len(bounds)), key=lambda k: max(bounds[k][0] - t, 0.0, t - bounds[k][1]))
@@ -439,23 +534,26 @@ def _splice(window: Window, result: Transcription, redone: dict[int, Transcripti
                 for p in pieces]
 
     pieces: list[TimedText] = []
+    firsts = {a: (a, b) for a, b in redone}
     if result.words:  # one piece per segment, its words
-        words = [w for w in result.words if part((w.start + w.end) / 2) not in redone]
-        for k, (a, b) in enumerate(bounds):
-            if k in redone:
-                pieces += shifted(redone[k], a, b - a)
+        words = [w for w in result.words if part((w.start + w.end) / 2) not in again]
+        for k, (a, _) in enumerate(bounds):
+            if k in firsts:
+                run = firsts[k]
+                pieces += shifted(redone[run], a, bounds[run[1] - 1][1] - a)
+            if k in again:
                 continue
             mine = tuple(w for w in words if part((w.start + w.end) / 2) == k)
             if mine:
                 pieces.append(TimedText(mine[0].start, mine[-1].end, "".join(w.word for w in mine).strip(), mine))
     else:
-        pieces = [p for p in result.segments if p.text.strip() and part((p.start + p.end) / 2) not in redone]
-        for k, answer in redone.items():
-            pieces += shifted(answer, bounds[k][0], bounds[k][1] - bounds[k][0])
+        pieces = [p for p in result.segments if p.text.strip() and part((p.start + p.end) / 2) not in again]
+        for (a, b), answer in redone.items():
+            pieces += shifted(answer, bounds[a][0], bounds[b - 1][1] - bounds[a][0])
         pieces.sort(key=lambda p: p.start)
     text = " ".join(p.text for p in pieces if p.text)
     return replace(result, text=text, segments=tuple(pieces),
-                   extra={**result.extra, "redecoded": sorted(redone)})
+                   extra={**result.extra, "redecoded": sorted(again)})
 
 
 async def stream_text(worker: Worker, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:

@@ -1,0 +1,137 @@
+"""`python -m realtime bench file --random N`: speech lost on recordings no one has tried before.
+
+N random compilations of a manifest's clips (`corpus.random_compilation`, seeds from `--seed` on), each transcribed
+by the file path's text and timed decodes (with `--served`, also a launched app's HTTP API: json, verbose_json,
+SSE, and the remote engine of a second app sending its windows to the first) and by faster-whisper's `transcribe`
+on the same weights. A stretch of 5 or more words that a
+pipeline writes for a clip posted alone and leaves out of its answer for the compilation is lost
+(`corpus.lost_speech`: against that pipeline's own readings of the clips alone, numbers normalised alike). Beside the
+lost stretches: WER against the manifest's texts and RTFx over all the compilations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..audio import SAMPLE_RATE, decode_file
+from .common import _machine, write_outputs
+from .corpus import LOST_RUN_WORDS, corpus_wer, lost_speech, random_compilation, read_manifest
+
+LONGEST_CLIP_S = 40.0
+"""Clips up to this long are drawn (the manifest's long recordings are left to the long-form benchmarks)."""
+
+
+def _pipelines(model_dir: str, compute_type: str, language: str | None,
+               only: list[str] | None) -> dict[str, Callable[[Path], str]]:
+    from .files import file_contenders
+
+    every = file_contenders(model_dir, compute_type, None, language)
+    return {k: v for k, v in every.items() if not k.startswith("faster-whisper batched")
+            and (only is None or k.startswith("faster-whisper") or any(k.lower().startswith(o) for o in only))}
+
+
+def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], None]]:
+    """The paths of a launched app (embedded engine) over HTTP: `json`, `verbose_json` and SSE (`stream=true`), and
+    a second app whose remote engine sends its windows to the first (`json`); and a function that stops both."""
+    import json
+
+    import httpx
+
+    from .stream import _launch
+
+    app, port = _launch(4, log=out / "app.log")
+    front, front_port = _launch(4, "--engine", "remote", "--remote-url",
+                                f"http://127.0.0.1:{port}/v1/audio/transcriptions", "--remote-timeout", "600",
+                                log=out / "front.log")
+
+    def post(at: int, path: Path, **fields: str) -> httpx.Response:
+        r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data=fields, timeout=900,
+                       files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
+        r.raise_for_status()
+        return r
+
+    def sse(path: Path) -> str:
+        for line in post(port, path, response_format="json", stream="true").text.splitlines():
+            if line.startswith("data: ") and (doc := json.loads(line[6:])).get("type") == "transcript.text.done":
+                return str(doc["text"])
+        raise RuntimeError("the stream ended without transcript.text.done")
+
+    def stop() -> None:
+        for proc in (front, app):
+            proc.terminate()
+            proc.wait(30)
+
+    return {
+        "HTTP json": lambda p: str(post(port, p, response_format="json").json()["text"]),
+        "HTTP verbose_json": lambda p: str(post(port, p, response_format="verbose_json").json()["text"]),
+        "HTTP SSE (stream=true)": sse,
+        "remote engine to another instance (json)": lambda p: str(post(front_port, p,
+                                                                        response_format="json").json()["text"]),
+    }, stop
+
+
+def bench_random(args: argparse.Namespace) -> dict[str, Any]:
+    from .files import _bench_model, _percent
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = Path(args.audio if args.audio and args.audio.endswith(".tsv") else "tests/data/manifest.tsv")
+    clips = read_manifest(manifest, longest=LONGEST_CLIP_S)
+    model_dir, model_name, compute_type, language = _bench_model(args.model, args.compute_type, out / "models")
+    only = [o.strip().lower() for o in args.only.split(",")] if args.only else None
+    pipelines = _pipelines(model_dir, compute_type, language, only)
+    stop: Callable[[], None] = lambda: None  # noqa: E731
+    if args.served:
+        served, stop = _served(out)
+        pipelines.update(served)
+    first = args.seed if args.seed is not None else int(time.time()) % 100000
+    print(f"random compilations: seeds {first} to {first + args.random - 1}", file=sys.stderr, flush=True)
+    alone: dict[str, dict[str, str]] = {name: {} for name in pipelines}
+    rows: dict[str, dict[str, Any]] = {name: {"name": name, "wall_s": 0.0, "lost": [], "texts": []}
+                                       for name in pipelines}
+    refs: list[str] = []
+    seconds = 0.0
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        stack.callback(stop)
+        for seed in range(first, first + args.random):
+            comp = random_compilation(clips, Path(tmp) / f"compilation-{seed}.wav", seed)
+            seconds += decode_file(comp.path).size / SAMPLE_RATE
+            refs.append(comp.text)
+            for name, run in pipelines.items():
+                for clip in comp.clips:
+                    if clip.name not in alone[name]:
+                        alone[name][clip.name] = run(clip.path)
+                t0 = time.perf_counter()
+                answer = run(comp.path)
+                rows[name]["wall_s"] += time.perf_counter() - t0
+                rows[name]["texts"].append(answer)
+                for run_ in lost_speech(comp, alone[name], answer):
+                    rows[name]["lost"].append({"seed": seed, "words": run_})
+            lost = {n: sum(x["seed"] == seed for x in r["lost"]) for n, r in rows.items()}
+            print(f"seed {seed} ({len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s): lost {lost}",
+                  file=sys.stderr, flush=True)
+    results = []
+    for r in rows.values():
+        results.append({"name": r["name"], "rtfx": round(seconds / r["wall_s"], 2),
+                        "wer": round(corpus_wer(refs, r["texts"]), 4),
+                        "lost_runs": len(r["lost"]), "compilations_with_loss": len({x["seed"] for x in r["lost"]}),
+                        "lost": r["lost"]})
+    doc = {"kind": "file-random", "seeds": [first, first + args.random - 1], "compilations": args.random,
+           "audio_seconds": round(seconds, 1), "model": model_name, "compute_type": compute_type,
+           "decoding": "greedy (beam 1), English", "machine": _machine(), "results": results}
+    table = (f"File transcription of {args.random} random compilations of {manifest}'s clips (seeds {first} to "
+             f"{first + args.random - 1}, {seconds / 60:.0f} min in all), {model_name} {compute_type}, greedy, "
+             f"{_machine()}. Lost: stretches of {LOST_RUN_WORDS} or more words that the pipeline writes for a clip "
+             "alone and leaves out of the compilation's answer.\n\n"
+             "| pipeline | lost stretches | compilations with a loss | WER | RTFx |\n|---|---|---|---|---|\n"
+             + "\n".join(f"| {r['name']} | {r['lost_runs']} | {r['compilations_with_loss']} | {_percent(r['wer'])} | "
+                         f"{r['rtfx']} |" for r in results) + "\n")
+    write_outputs(out, "file-random", doc, table, lambda p: None)
+    return doc

@@ -1,0 +1,63 @@
+"""Nothing lost on recordings no test has seen: random compilations of tests/data's clips (random clips, order,
+pauses and levels: realtime/bench/corpus.py, `random_compilation`), transcribed by the file path's text and timed
+decodes. A stretch of 5 or more words that the same path writes for a clip posted alone (conftest.py: `readings`)
+and leaves out of the compilation's answer is lost (`lost_speech`).
+
+Each run draws fresh seeds (printed, and named in a failure with the command that rebuilds the compilation); the
+compilations of the shared script that lost a sentence before (its seeds 1, 2, 5 and 11) stay as regression tests.
+A failure is a bug to fix, never a seed to skip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from realtime.bench.corpus import lost_speech, random_compilation
+
+from real_speech import clips, script_compilation, transcribe_clips
+
+COMPILATIONS = 2
+"""Fresh compilations per run, each read by both decodes."""
+CLIPS = (5, 9)
+"""How many clips a compilation of the suite draws (the benchmark draws 6 to 14)."""
+
+
+def fresh_seed() -> int:
+    """The run's first seed: RANDOM_SEED if set (to rerun a failure), else from the clock."""
+    return int(os.environ.get("RANDOM_SEED") or time.time_ns() // 1000 % 1_000_000)
+
+
+@pytest.mark.xdist_group("lost-speech")
+def test_random_compilations_lose_no_speech(engine, readings, tmp_path):
+    first = fresh_seed()
+    print(f"\nrandom compilations: seeds {first} to {first + COMPILATIONS - 1} (RANDOM_SEED={first} reruns them)")
+    lost = {}
+    for seed in range(first, first + COMPILATIONS):
+        comp = random_compilation(clips(longest=40), tmp_path / f"compilation-{seed}.wav", seed, count=CLIPS)
+        for kind, timed in (("text", False), ("timed", True)):
+            answer = transcribe_clips(engine, [comp.path], timed)[0]
+            if runs := lost_speech(comp, readings[kind], answer):
+                lost[(seed, kind)] = runs
+        print(f"seed {seed}: {len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s, gains {comp.gains_db} dB: "
+              f"lost {[v for (s, _), v in lost.items() if s == seed]}")
+    assert not lost, (f"speech lost (seed, decode: stretches): {lost}; the compilations: `python -m realtime bench "
+                      f"file --random {COMPILATIONS} --seed {first}`, or RANDOM_SEED={first} for this test")
+
+
+UNHEARD = pytest.mark.xfail(reason="the VAD hears none of the falsetto phrase that opens this compilation (the clip "
+                                   "alone it hears in part): speech that no segment holds, which no check of the "
+                                   "segments can see", strict=False)
+
+
+@pytest.mark.xdist_group("lost-speech")
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=UNHEARD), 5, 11])
+def test_the_compilations_that_lost_a_sentence_lose_none(engine, readings, tmp_path, seed):
+    """Seed 1's text answer left out "And Mister John Dashwood had then leisure to consider ..." and seed 11's "Stuff
+    it into you, his belly counselled him": the words of the next sentence were aligned across the skipped one
+    (too few words for that much speech: realtime/live/coverage.py)."""
+    comp = script_compilation(seed, tmp_path / f"script-{seed}.wav")
+    answer = transcribe_clips(engine, [comp.path], False)[0]
+    assert not lost_speech(comp, readings["text"], answer), answer
