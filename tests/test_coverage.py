@@ -240,3 +240,20 @@ def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():
     got = account(engine, w, first, TranscribeOptions())
     assert got.text == "One two three. Four five. Six seven eight nine."
     assert [(size, o.timestamps) for size, o in engine.asked] == [(8 * SAMPLE_RATE, False), (8 * SAMPLE_RATE, True)]
+
+
+def test_a_timed_piece_over_a_segment_that_goes_back_takes_the_other_segment_with_it():
+    """Timed pieces are spliced whole: a piece over a brief segment that goes back (the VAD heard a tenth of a
+    second of it, and no word lies there) and over the next one would keep the next one's text and add the
+    redecoded answer's, the same words twice. The next segment goes back with it."""
+    w = replace(window([3.0, 3.0, 3.0]), speech=((0.2, 2.8), (4.4, 4.5), (6.2, 8.8)))
+    first = Transcription("One two three. Four five six seven eight nine.", duration=9.0, segments=(
+        TimedText(0.1, 2.9, "One two three."), TimedText(3.1, 8.9, "Four five six seven eight nine.")))
+    again = Transcription("Four five six. Seven eight nine.", duration=6.0, segments=(
+        TimedText(0.2, 2.8, "Four five six."), TimedText(3.2, 5.8, "Seven eight nine.")))
+    alone = Transcription("Four five six.", duration=3.0, segments=(TimedText(0.2, 2.8, "Four five six."),))
+    engine = Scripted({6 * SAMPLE_RATE: again, 3 * SAMPLE_RATE: alone}, words=False)
+    got = account(engine, w, first, TranscribeOptions(timestamps=True))
+    assert got.text == "One two three. Four five six. Seven eight nine."
+    assert [size for size, _ in engine.asked] == [6 * SAMPLE_RATE, 3 * SAMPLE_RATE]
+    assert got.extra["redecoded"] == [1, 2]

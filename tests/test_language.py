@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from realtime.audio import decode_file
+from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.engines import TranscribeOptions
 
 from conftest import App, launch, recorded, stop
@@ -57,7 +57,9 @@ def test_base_is_the_packaged_multilingual_model(base_app):
 
 
 def test_language_identification_is_as_accurate_as_faster_whispers(base_engine, shared: Path) -> None:
-    """The live path's language (what finals report) on every clip, against faster-whisper's `detect_language`
+    """The live path's language (what finals report, told without decoding the clip: `detect_language`, which
+    `test_detect_language_is_what_a_final_reports` holds to the decode's) on every clip, against faster-whisper's
+    `detect_language`
     on the same weights (base int8, recorded: tests/references.py `fw-languages`; the file path asks
     faster-whisper's own transcription, which detects the same way, per window). Prints each clip, then a row per
     language for the README's table (`pytest -s`)."""
@@ -69,7 +71,7 @@ def test_language_identification_is_as_accurate_as_faster_whispers(base_engine, 
     for item in items:
         audio = decode_file(item.path)
         theirs = detected[item.path.name]
-        ours = base_engine.transcribe_sync(audio, TranscribeOptions()).language
+        ours = base_engine.detect_language(audio)
         theirs_right += theirs == item.language
         ours_right += ours == item.language
         by_language.setdefault(item.language, []).append((theirs, ours))
@@ -85,6 +87,15 @@ def test_language_identification_is_as_accurate_as_faster_whispers(base_engine, 
     print(f"| all | {len(items)} | {theirs_right}/{len(items)} | {ours_right}/{len(items)} |")
     assert len(languages) >= 8 and all(len(got) >= 2 for got in by_language.values()), by_language
     assert ours_right >= theirs_right >= len(items) - 1
+
+
+def test_detect_language_is_what_a_final_reports(base_engine) -> None:
+    """Telling the language without decoding gives what a decoded final of the same clip reports (a German and a
+    Portuguese clip), and nothing for digital silence."""
+    for item in [r for r in recordings() if r.path.name in ("fleurs-de-000.ogg", "fleurs-pt-002.ogg")]:
+        audio = decode_file(item.path)
+        assert base_engine.detect_language(audio) == base_engine.transcribe_sync(audio, TranscribeOptions()).language
+    assert base_engine.detect_language(np.zeros(SAMPLE_RATE, np.float32)) is None
 
 
 def _score(truth: str, detected: list[str]) -> str:

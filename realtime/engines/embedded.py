@@ -270,6 +270,22 @@ class EmbeddedEngine(EngineBase):
         return np.stack([np.pad(f[:, :frames], ((0, 0), (0, frames - min(frames, f.shape[1])))) for f in feats]
                         ).astype(np.float32)
 
+    def _tell(self, encoded: Any) -> list[str]:
+        """The language of each clip of an encoded batch of whole 30 s windows (Whisper's language token)."""
+        return [r[0][0][2:-2] for r in self._model.model.detect_language(encoded)]
+
+    def detect_language(self, audio: np.ndarray) -> str | None:
+        """The language a final of a clip of up to 30 s reports when none is asked, told as `_decode_group` tells
+        it, without decoding the clip; the model's language for an English-only model, None for silence."""
+        self.load()
+        audio = as_clip(audio)
+        if not self._multilingual or self.language:
+            return self.language or "en"
+        if policy.is_silent(audio):
+            return None
+        feats = [self._model.feature_extractor(policy.normalise(audio))]
+        return self._tell(self._encode(self._features(feats, MAX_FRAMES)))[0]
+
     def _decode_group(self, audios: list[np.ndarray], options: TranscribeOptions) -> list[Transcription]:
         """Clips of at most 30 s, encoded and decoded as one batch. A short clip's encoder input is the clip plus
         a margin of silence rather than a whole 30 s window; a decode that the policy rejects (a loop, a guess)
@@ -293,8 +309,7 @@ class EmbeddedEngine(EngineBase):
         else:  # a final's language is told from a whole 30 s window, as Whisper was trained and faster-whisper does
             if full is None and not options.partial:
                 full = self._features(feats, MAX_FRAMES)
-            told = encoded if full is None or full is batch else self._encode(full)
-            languages = [r[0][0][2:-2] for r in m.model.detect_language(told)]
+            languages = self._tell(encoded if full is None or full is batch else self._encode(full))
         prompts, tokenizers = [], []
         for lang in languages:
             tok = self._tokenizer(lang, task)

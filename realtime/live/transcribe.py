@@ -448,6 +448,25 @@ async def transcribe_results(
             await iterator.aclose()  # type: ignore[attr-defined]
 
 
+def _whole_pieces(window: Window, result: Transcription, missing: list[int]) -> list[int]:
+    """`missing` with every segment that a timed piece over one of them also lies over (a result without words is
+    spliced piece by piece, so a piece over two segments goes back whole, or its text would be given twice)."""
+    if result.words or not missing:
+        return missing
+    bounds = window.bounds()
+    pieces = [(p.start, p.end) for p in result.segments if p.text.strip()]
+    out = set(missing)
+    grown = True
+    while grown:
+        grown = False
+        for a, b in pieces:
+            over = {k for k, (x, y) in enumerate(bounds) if min(b, y) - max(a, x) > coverage.REACH_S}
+            if over & out and not over <= out:
+                out |= over
+                grown = True
+    return sorted(out)
+
+
 def _runs(indexes: list[int]) -> list[tuple[int, int]]:
     """Consecutive indexes as (first, stop) ranges."""
     out: list[tuple[int, int]] = []
@@ -471,7 +490,7 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     else:
         missing = coverage.uncovered(speech, spans)
         if checked:
-            missing = coverage.suspect(speech, spans, missing)
+            missing = _whole_pieces(window, result, coverage.suspect(speech, spans, missing))
     if not missing:
         return result
     log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
