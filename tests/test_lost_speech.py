@@ -21,7 +21,7 @@ from real_speech import clips, script_compilation, transcribe_clips
 
 COMPILATIONS = 2
 """Fresh compilations per run, each read by both decodes."""
-CLIPS = (5, 9)
+CLIPS = (4, 8)
 """How many clips a compilation of the suite draws (the benchmark draws 6 to 14)."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from realtime.bench.corpus import loops
 from realtime.engines import policy
 from realtime.engines.policy import Hypothesis, find_loop, judge, settle, trim_loop
 
@@ -72,3 +73,13 @@ def test_quiet_speech_is_raised_for_the_model_and_loud_or_silent_audio_left_alon
 def test_decode_length_grows_with_the_audio():
     assert policy.max_new_tokens(1.0) < policy.max_new_tokens(10.0) <= 448
 
+
+
+def test_a_phrase_the_speakers_say_again_is_not_a_loop():
+    """tests/data holds four recordings in a row that each say "Montreal Forced Aligner": a reading that gives
+    two of them alike repeats a phrase as the speakers did; a loop is a repetition beyond the reference's."""
+    reference = "we begin montreal forced aligner montreal forced aligner montreal forced aligner and so on"
+    said = "We begin. Montreal Forest diviner. Montreal Forest diviner. Montreal forced a liner and so on."
+    assert loops([said]) == [said] and loops([said], reference) == []
+    looped = "We begin. And so on and so on and so on and so on. And so on."
+    assert loops([looped], reference) == [looped]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE, decode_file
-from ..engines.policy import find_loop
+from ..engines.policy import _key, find_loop
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,29 @@ def lost_speech(compilation: Compilation, alone: dict[str, str], answer: str) ->
     return [r for r in runs if 2 * sum(w in said for w in r.split()) >= len(r.split())]
 
 
-def loops(hypotheses: list[str]) -> list[str]:
-    """The hypotheses that repeat themselves back to back."""
-    return [h for h in hypotheses if find_loop(h) is not None]
+def loops(hypotheses: list[str], reference: str | None = None) -> list[str]:
+    """The hypotheses that repeat themselves back to back; with a `reference`, only those that repeat a run more
+    times in a row than the reference repeats any run of that many words (clips that say the same phrase one after
+    another, as tests/data's "Montreal Forced Aligner" recordings do, are not a loop)."""
+    out = []
+    for h in hypotheses:
+        at = find_loop(h)
+        if at is None:
+            continue
+        keys = [_key(w) for w in h.split()]
+        n = next(k for k in range(1, at + 1) if keys[at - k:at] == keys[at:at + k])
+        if reference is None or _most_repeats(keys[at - n:], n, 0) > _most_repeats(
+                [_key(w) for w in reference.split()], n):
+            out.append(h)
+    return out
+
+
+def _most_repeats(keys: list[str], n: int, only: int | None = None) -> int:
+    """The most times a run of `n` words comes back to back (of the run at index `only`, else of any)."""
+    best = 1
+    for i in ([only] if only is not None else range(len(keys) - n)):
+        k = 1
+        while keys[i + k * n:i + (k + 1) * n] == keys[i:i + n]:
+            k += 1
+        best = max(best, k)
+    return best

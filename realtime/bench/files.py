@@ -191,7 +191,8 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
         return {"name": name, "rtfx": round(duration / wall, 2), "wall_s": round(wall, 2),
                 "runs": [round(t, 2) for t in times],
                 "wer": round(corpus_wer(references, texts), 4) if any(references) else None,
-                "loops": len(loops(texts)), "empty": sum(not t.strip() for t in texts),
+                "loops": sum(bool(loops([t], r or None)) for r, t in zip(references, texts, strict=True)),
+                "empty": sum(not t.strip() for t in texts),
                 "lost": sum(len(lost_runs(r, t)) for r, t in zip(references, texts, strict=True) if r),
                 "texts": texts}
 
