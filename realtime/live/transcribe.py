@@ -125,7 +125,8 @@ class Window(SegmentEnd):
 
 class _Packer:
     """Packs consecutive segments into windows of at most `seconds` of audio (a longer segment stays alone) and at
-    most `max_parts` segments; a short segment's context is its part of a window it shares."""
+    most `max_parts` segments; a short segment beside unheard speech has that audio as its part of a window it
+    shares (`_Context.unheard`)."""
 
     def __init__(self, seconds: float, max_parts: int | None = None) -> None:
         self.limit = int(seconds * SAMPLE_RATE)
@@ -200,7 +201,7 @@ def _sounding(audio: np.ndarray, first: int, stop: int, segment: np.ndarray) -> 
 
 
 class _Surroundings:
-    """The recent audio of a file, and the segments waiting for the audio after them (`CONTEXT_AFTER_S`) before
+    """The recent audio of a file, and the segments waiting for the audio after them (`UNHEARD_AFTER_S`) before
     they go on, in order, each short one with its context."""
 
     def __init__(self, vad: VADConfig) -> None:
@@ -499,13 +500,14 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     runs = _runs(missing) if checked else [(i, i + 1) for i in missing]
     if runs == [(0, len(speech))]:  # nothing in the window to build on: each segment alone
         runs = [(i, i + 1) for i in missing]
-    jobs = [Job(name, window.segment, window.part_audio(a) if b == a + 1 else window.sub(a, b).audio, _lane(asked),
-                options if checked else redo) for a, b in runs]
+    subs = [window.sub(a, b) for a, b in runs] if checked else []
+    jobs = [Job(name, window.segment, subs[k].audio if checked else window.part_audio(a), _lane(asked),
+                options if checked else redo) for k, (a, _) in enumerate(runs)]
     answers: list[Transcription | BaseException] = list(
         await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True))
-    for k, ((a, b), answer) in enumerate(zip(runs, answers, strict=True)):
+    for k, answer in enumerate(answers):
         if checked and isinstance(answer, Transcription):
-            answers[k] = await _check(worker, name, window.sub(a, b), answer, options, asked)
+            answers[k] = await _check(worker, name, subs[k], answer, options, asked)
     failed = next((a for a in answers if isinstance(a, BaseException)), None)
     if failed is not None:
         return failed
