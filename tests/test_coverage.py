@@ -213,9 +213,29 @@ def test_segments_skipped_together_are_decoded_together_and_checked_again():
     engine = Scripted({9 * SAMPLE_RATE: again, 3 * SAMPLE_RATE: alone})
     got = account(engine, w, first, TranscribeOptions())
     assert got.text == "One two three. Four five six. Seven eight nine. Ten eleven twelve."
-    asked = [(size, o.word_timestamps) for size, o in engine.asked]
-    assert asked == [(9 * SAMPLE_RATE, True), (3 * SAMPLE_RATE, True)]
+    asked = [(size, o.word_timestamps, o.fallback) for size, o in engine.asked]
+    assert asked == [(9 * SAMPLE_RATE, True, False), (3 * SAMPLE_RATE, True, True)], \
+        "the three segments are a packed window (asked without fallback), the one decoded alone is not"
     assert got.extra["redecoded"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("how", ["rejected", "sampled"])
+def test_a_packed_window_whose_greedy_decode_was_rejected_has_each_segment_decoded_alone(how):
+    """A packed window is asked without fallback (`window_options`): its rejected greedy decode comes back marked,
+    and its segments are decoded alone, with fallback; a sample from an engine that falls back anyway counts alike."""
+    w = window([3.0, 4.0])
+    assert not coverage.window_options(TranscribeOptions(), 2).fallback
+    assert coverage.window_options(TranscribeOptions(), 1).fallback
+    said = "One two three. Four five six seven."
+    guess = Transcription(said, duration=7.0, segments=(TimedText(0.0, 7.0, said, words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."), (3.3, 4.2, "Four"), (4.3, 5.0, "five"),
+        (5.1, 5.8, "six"), (5.9, 6.7, "seven."))),), extra={"rejected": True} if how == "rejected" else
+        {"temperature": 0.4})
+    engine = Scripted({w.part_audio(0).size: Transcription("One two three.", duration=3.0),
+                       w.part_audio(1).size: Transcription("Four five six seven.", duration=4.0)})
+    got = account(engine, w, guess, TranscribeOptions())
+    assert got.text == said and got.extra["redecoded"] == [0, 1]
+    assert [o.fallback for _, o in engine.asked] == [True, True]
 
 
 def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():

@@ -78,6 +78,30 @@ def test_long_clip_and_timestamps_use_long_form(engine, clips):
     assert sampled.extra["temperature"] == 0.4
 
 
+def test_a_decode_asked_without_fallback_is_rejected_where_it_would_have_fallen_back(engine):
+    """Real clips played backwards, whose greedy decode the policy rejects, and the same clips forwards: asked
+    without fallback (a packed window, realtime/live/coverage.py), the text and timed decodes are marked rejected
+    exactly where, asked with it, they go on to sample at a higher temperature."""
+    from realtime.audio import decode_file
+    from realtime.engines import policy
+
+    from real_speech import clips as real_clips
+
+    names = ("timit-LDC93S1.flac", "ljspeech-LJ002-0020.flac", "librispeech-1272-141231-0002.flac")
+    picked = {c.name: decode_file(c.path) for c in real_clips() if c.name in names}
+    assert len(picked) == len(names)
+    seen = set()
+    for name, audio in picked.items():
+        for clip in (audio, audio[::-1].copy()):
+            for timed in (False, True):
+                fell_back = policy.rejected(engine.transcribe_sync(clip, TranscribeOptions(timestamps=timed)))
+                alone = engine.transcribe_sync(clip, TranscribeOptions(timestamps=timed, fallback=False))
+                assert policy.rejected(alone) == fell_back, (name, timed)
+                assert not alone.extra["temperature"]
+                seen.add(fell_back)
+    assert seen == {True, False}
+
+
 def test_bad_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(EngineError, match=r"model\.bin"):
         EmbeddedEngine(model=str(tmp_path))

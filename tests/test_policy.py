@@ -83,3 +83,23 @@ def test_a_phrase_the_speakers_say_again_is_not_a_loop():
     assert loops([said]) == [said] and loops([said], reference) == []
     looped = "We begin. And so on and so on and so on and so on. And so on."
     assert loops([looped], reference) == [looped]
+
+
+def test_a_decode_asked_without_fallback_is_tried_once_and_marked_when_rejected():
+    import asyncio
+
+    from realtime.engines import TranscribeOptions, Transcription
+
+    asked: list[float | None] = []
+
+    async def decode(options: TranscribeOptions) -> Transcription:
+        asked.append(options.temperature)
+        return Transcription("the the the the the the the the", duration=3.0, avg_logprob=-1.5, no_speech_prob=0.1)
+
+    looped = asyncio.run(policy.with_fallback(decode, TranscribeOptions(fallback=False)))
+    assert asked == [None] and policy.rejected(looped) and looped.text == settle(Hypothesis("the " * 8, -1.5, 0.1))
+    asked.clear()
+    sampled = asyncio.run(policy.with_fallback(decode, TranscribeOptions()))
+    assert asked == [None, *policy.FINAL_TEMPERATURES[1:]] and policy.rejected(sampled)
+    assert policy.temperatures(TranscribeOptions(fallback=False)) == (0.0,)
+    assert policy.temperatures(TranscribeOptions(fallback=False, temperature=0.4)) == (0.4,)

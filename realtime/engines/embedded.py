@@ -231,17 +231,29 @@ class EmbeddedEngine(EngineBase):
     ) -> list[Transcription | BaseException]:
         results: list[Transcription | BaseException | None] = [None] * len(audios)
         groups: dict[tuple[Any, ...], list[int]] = {}
+        long: list[int] = []
         for i, (audio, opts) in enumerate(zip(audios, options, strict=True)):
             if opts.timestamps or audio.size > MAX_FRAMES * 160:
-                try:
-                    results[i] = self._transcribe_long(audios[i], opts)
-                except Exception as exc:
-                    results[i] = exc
+                long.append(i)
             else:  # a file's clips go with clips of their own encoder length: their text is theirs alone
                 own = None if opts.partial or opts.live else encoder_frames(audio.size // 160 + 1, False)
                 key = (opts.language or self.language, opts.task, opts.prompt,
                        1 if opts.partial else self.beam_size, opts.temperature, opts.partial, opts.word_timestamps, own)
                 groups.setdefault(key, []).append(i)
+
+        def long_form(idxs: list[int]) -> None:
+            for i in idxs:
+                try:
+                    results[i] = self._transcribe_long(audios[i], options[i])
+                except Exception as exc:
+                    results[i] = exc
+
+        if self._second is None or len(long) < 2:
+            long_form(long)
+        else:  # one clip at a time in each worker
+            other = self._second.submit(long_form, long[1::2])
+            long_form(long[::2])
+            other.result()
 
         def decode(idxs: list[int]) -> None:
             try:
@@ -319,7 +331,7 @@ class EmbeddedEngine(EngineBase):
             prompts.append([*prompt, *tok.sot_sequence, tok.no_timestamps])
             tokenizers.append(tok)
         suppress = list(get_suppressed_tokens(tokenizers[0], [-1]))
-        temperatures = policy.temperatures(options.partial, options.temperature)
+        temperatures = policy.temperatures(options)
         beam = 1 if options.partial else self.beam_size
 
         def generate(idx: list[int], temperature: float, enc: Any) -> list[Any]:
@@ -337,22 +349,26 @@ class EmbeddedEngine(EngineBase):
         decoded: dict[int, tuple[Any, int, list[int]]] = {}  # item: the encoder output it was decoded from, its row
         todo = list(range(len(audios)))
         frames = ctx
+        whole: tuple[Any, list[int]] | None = (encoded, todo) if full is batch else None  # whole windows encoded
         for n, temperature in enumerate(temperatures):
             last = n == len(temperatures) - 1
             if n == 0:
                 enc = encoded
-            else:  # retries see the whole 30 s window
-                if full is None:
-                    full = self._features(feats, MAX_FRAMES)
+            else:  # retries see the whole 30 s window, encoded once
+                if whole is None:
+                    if full is None:
+                        full = self._features(feats, MAX_FRAMES)
+                    whole = (self._encode(np.ascontiguousarray(full[todo])), todo)
                 frames = MAX_FRAMES
-                enc = self._encode(np.ascontiguousarray(full[todo]))
+                enc = _rows(whole[0], [whole[1].index(i) for i in todo])
             retry = []
             for row, (i, res) in enumerate(zip(todo, generate(todo, temperature, enc), strict=True)):
                 best = max(range(len(res.sequences_ids)), key=lambda k: res.scores[k])
                 tokens = res.sequences_ids[best]
                 h = policy.Hypothesis(tokenizers[i].decode(tokens).strip(),
                                       res.scores[best] * len(tokens) / (len(tokens) + 1), float(res.no_speech_prob))
-                if policy.judge(h) == "retry" and not last:
+                verdict = policy.judge(h)
+                if verdict == "retry" and not last:
                     retry.append(i)
                     continue
                 text = policy.settle(h)
@@ -363,7 +379,8 @@ class EmbeddedEngine(EngineBase):
                     text=text, language=languages[i], duration=duration,
                     segments=(TimedText(0.0, duration, text),) if text else (),
                     no_speech_prob=h.no_speech_prob, avg_logprob=float(h.avg_logprob or 0.0),
-                    extra={"temperature": temperature, "encoder_frames": frames},
+                    extra={"temperature": temperature, "encoder_frames": frames,
+                           **({policy.REJECTED: True} if verdict == "retry" and not options.fallback else {})},
                 )
             todo = retry
             if not todo:
@@ -381,8 +398,6 @@ class EmbeddedEngine(EngineBase):
                frames: list[int]) -> dict[int, tuple[Word, ...]]:
         """The words of decoded items, timed as faster-whisper times them (the cross-attention of the alignment
         heads, its rules for long words and punctuation) on the encoder output each item was decoded from."""
-        import ctranslate2
-        from faster_whisper.transcribe import get_ctranslate2_storage
 
         groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
         for i, (enc, _, _) in decoded.items():
@@ -391,9 +406,7 @@ class EmbeddedEngine(EngineBase):
         for idxs in groups.values():
             enc = decoded[idxs[0]][0]
             rows = [decoded[i][1] for i in idxs]
-            if rows != list(range(enc.shape[0])):  # align wants one row per text: take this group's rows
-                whole = np.array(enc if enc.device == "cpu" else enc.to_device(ctranslate2.Device.cpu))
-                enc = get_ctranslate2_storage(np.ascontiguousarray(whole[rows]))
+            enc = _rows(enc, rows)  # align wants one row per text
             pieces = [[{"seek": 0, "start": 0.0, "end": frames[i] / 100, "tokens": decoded[i][2]}] for i in idxs]
             self._model.add_word_timestamps(pieces, tokenizers[idxs[0]], enc, [frames[i] for i in idxs],
                                             PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS, last_speech_timestamp=0.0)
@@ -431,7 +444,7 @@ class EmbeddedEngine(EngineBase):
             task=options.task if self._multilingual else "transcribe",
             beam_size=1 if options.partial else self.beam_size,
             best_of=policy.BEST_OF,
-            temperature=list(policy.temperatures(options.partial, options.temperature)),
+            temperature=list(policy.temperatures(options)),
             initial_prompt=options.prompt or None,
             condition_on_previous_text=False,
             without_timestamps=not (options.timestamps or options.word_timestamps),
@@ -445,7 +458,9 @@ class EmbeddedEngine(EngineBase):
         no_speech: list[float] = []
         logprobs: list[float] = []
         temperature = 0.0
+        rejected = False
         for seg in segments:
+            rejected = rejected or (not options.fallback and _falls_back(seg))
             no_speech.append(seg.no_speech_prob)
             logprobs.append(seg.avg_logprob)
             temperature = max(temperature, float(seg.temperature or 0.0))
@@ -462,7 +477,8 @@ class EmbeddedEngine(EngineBase):
             no_speech_prob=max(no_speech) if no_speech else None,
             avg_logprob=float(np.mean(logprobs)) if logprobs else None,
             engine_seconds=time.perf_counter() - t0,
-            extra={"language_probability": float(info.language_probability), "temperature": temperature},
+            extra={"language_probability": float(info.language_probability), "temperature": temperature,
+                   **({policy.REJECTED: True} if rejected else {})},
         )
 
     async def close(self) -> None:
@@ -501,6 +517,26 @@ def _words_within(text: str, words: tuple[Word, ...]) -> tuple[Word, ...]:
             break
         kept.append(w)
     return tuple(kept)
+
+
+def _falls_back(segment: Any) -> bool:
+    """Whether faster-whisper would have decoded the stretch a timed piece came from again at a higher temperature
+    (its `generate_with_fallback`, on the stretch's compression ratio and log probability, with the policy's
+    thresholds): a piece of a decode asked without fallback."""
+    unlikely = segment.avg_logprob < policy.LOGPROB_THRESHOLD
+    if unlikely and segment.no_speech_prob > policy.NO_SPEECH_THRESHOLD:
+        return False
+    return unlikely or segment.compression_ratio > policy.COMPRESSION_RATIO_THRESHOLD
+
+
+def _rows(encoded: Any, rows: list[int]) -> Any:
+    """The given rows of a batch's encoder output (all of it when they are all its rows, in order)."""
+    import ctranslate2
+
+    if rows == list(range(encoded.shape[0])):
+        return encoded
+    whole = np.array(encoded if encoded.device == "cpu" else encoded.to_device(ctranslate2.Device.cpu))
+    return ctranslate2.StorageView.from_array(np.ascontiguousarray(whole[rows]))
 
 
 def _split(sizes: list[int], idxs: list[int]) -> tuple[list[int], list[int]]:

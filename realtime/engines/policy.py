@@ -147,22 +147,37 @@ def settle(h: Hypothesis) -> str:
     return "" if compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD else text
 
 
-def temperatures(partial: bool, fixed: float | None) -> tuple[float, ...]:
-    if fixed is not None:
-        return (fixed,)
-    return (0.0,) if partial else FINAL_TEMPERATURES
+REJECTED = "rejected"
+"""The `extra` key of a result whose last decode the policy rejected (asked without fallback)."""
+
+
+def temperatures(options: TranscribeOptions) -> tuple[float, ...]:
+    """The temperatures a decode is tried at, in order: the asked one only, greedy only (partials, and decodes
+    asked without fallback), else greedy and then Whisper's higher ones."""
+    if options.temperature is not None:
+        return (options.temperature,)
+    return (0.0,) if options.partial or not options.fallback else FINAL_TEMPERATURES
+
+
+def rejected(result: Transcription) -> bool:
+    """Whether the policy rejected the greedy decode: its text was sampled at a higher temperature, or, asked
+    without fallback, is the rejected decode itself."""
+    return bool(result.extra.get(REJECTED)) or float(result.extra.get("temperature") or 0.0) > 0.0
 
 
 async def with_fallback(decode: Callable[[TranscribeOptions], Awaitable[Transcription]],
                         options: TranscribeOptions) -> Transcription:
     """For engines that decode one clip per request: greedy first, then each higher temperature while the
     policy rejects the result; the kept text is `settle`d."""
-    temps = temperatures(options.partial, options.temperature)
+    temps = temperatures(options)
     for n, temperature in enumerate(temps):
         result = await decode(options if n == 0 else dataclasses.replace(options, temperature=temperature))
         h = Hypothesis(result.text, result.avg_logprob, result.no_speech_prob)
-        if judge(h) == "retry" and n < len(temps) - 1:
+        verdict = judge(h)
+        if verdict == "retry" and n < len(temps) - 1:
             continue
+        if verdict == "retry" and not options.fallback:
+            result = dataclasses.replace(result, extra={**result.extra, REJECTED: True})
         text = settle(h)
         if text == result.text:
             return result

@@ -33,6 +33,10 @@ class TranscribeOptions:
     live: bool = False
     """A live session's final (the worker sets it): someone is waiting for it as they speak. Engines that queue
     requests elsewhere pass it on (the remote engine asks its endpoint for the finals lane); others ignore it."""
+    fallback: bool = True
+    """False: a decode the policy rejects is not tried again at a higher temperature; it is returned as it is, marked
+    rejected (`policy.rejected`), for a caller with a better fallback (a packed window's segments decoded alone).
+    Engines that cannot mark a result fall back as usual."""
     coverage: bool = False
     """Times are asked only to check that the text covers the clip's speech (realtime/live/coverage.py): an engine may
     answer with word times instead of timed pieces (the remote engine asks an endpoint that is this app to decode

@@ -11,7 +11,8 @@ decodes them again (realtime/live/transcribe.py) and that answer, checked in tur
 Whisper's no-speech verdict, or an error entry.
 
 A packed window whose greedy decode the decoding policy rejected (a loop, a guess) is not trusted to a sample at a
-higher temperature either: each of its segments is decoded alone (`sampled`). An engine that gives no times cannot
+higher temperature either: each of its segments is decoded alone (`rejected`), and the window is asked without
+fallback (`window_options`). An engine that gives no times cannot
 be checked this way: its windows hold one segment each (`checkable`).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ..engines import policy
 from ..engines.base import Engine
 from ..engines.types import TranscribeOptions, Transcription
 
@@ -82,11 +84,16 @@ def timing(result: Transcription) -> list[Span] | None:
     return [(a + k * d, a + (k + 1) * d) for a, d, n in step for k in range(n)] or None
 
 
-def sampled(result: Transcription) -> bool:
-    """Whether the decoding policy rejected the greedy decode and the text was sampled at a higher temperature:
-    for a packed window, a guess worth less than its segments' greedy decodes one by one (and one that differs
-    from run to run)."""
-    return float(result.extra.get("temperature") or 0.0) > 0.0
+def rejected(result: Transcription) -> bool:
+    """Whether the decoding policy rejected the greedy decode (`policy.rejected`): for a packed window, a guess worth
+    less than its segments' greedy decodes one by one (a sampled one differs from run to run too)."""
+    return policy.rejected(result)
+
+
+def window_options(options: TranscribeOptions, segments: int) -> TranscribeOptions:
+    """The options a window of `segments` segments is decoded with: a packed window's rejected decode is not tried
+    again at higher temperatures, since its segments are decoded alone then (`rejected`)."""
+    return replace(options, fallback=False) if segments > 1 else options
 
 
 def longest_gap(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> float:
@@ -141,5 +148,5 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
 
 
 __all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "Span",
-           "check_options", "checkable", "longest_gap", "redecode_options", "sampled", "suspect", "timing",
-           "uncovered", "words_in"]
+           "check_options", "checkable", "longest_gap", "redecode_options", "rejected", "suspect", "timing",
+           "uncovered", "window_options", "words_in"]

@@ -433,7 +433,8 @@ async def transcribe_results(
             async for first in iterator:
                 batch = [first, *segments.ready(size - 1)]
                 futures = [worker.submit(Job(name, n + i, e.heard, _lane(asked),
-                                             checked if isinstance(e, Window) else asked))
+                                             coverage.window_options(checked, len(e.heard_speech))
+                                             if isinstance(e, Window) else asked))
                            for i, e in enumerate(batch)]
                 n += len(batch)
                 results = await asyncio.gather(*futures, return_exceptions=True)
@@ -484,7 +485,7 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     """The coverage rule on a window's result, its answers spliced in (see `_account`)."""
     spans = coverage.timing(result)
     speech = window.heard_speech
-    sampled = coverage.sampled(result)
+    sampled = coverage.rejected(result)
     checked = bool(spans) and not sampled and len(speech) > 1  # the answers are checked in turn
     if spans is None or sampled:
         missing = list(range(len(speech))) if len(speech) > 1 else []
@@ -502,7 +503,8 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
         runs = [(i, i + 1) for i in missing]
     subs = [window.sub(a, b) for a, b in runs] if checked else []
     jobs = [Job(name, window.segment, subs[k].audio if checked else window.part_audio(a), _lane(asked),
-                options if checked else redo) for k, (a, _) in enumerate(runs)]
+                coverage.window_options(options, len(subs[k].heard_speech)) if checked else redo)
+            for k, (a, _) in enumerate(runs)]
     answers: list[Transcription | BaseException] = list(
         await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True))
     for k, answer in enumerate(answers):
