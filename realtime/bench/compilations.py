@@ -94,7 +94,7 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     first = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"random compilations: seeds {first} to {first + args.random - 1}", file=sys.stderr, flush=True)
     alone: dict[str, dict[str, str]] = {name: {} for name in pipelines}
-    rows: dict[str, dict[str, Any]] = {name: {"name": name, "wall_s": 0.0, "lost": [], "texts": []}
+    rows: dict[str, dict[str, Any]] = {name: {"name": name, "wall_s": 0.0, "lost": [], "texts": [], "errors": []}
                                        for name in pipelines}
     refs: list[str] = []
     seconds = 0.0
@@ -109,7 +109,11 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
                     if clip.name not in alone[name]:
                         alone[name][clip.name] = run(clip.path)
                 t0 = time.perf_counter()
-                answer = run(comp.path)
+                try:
+                    answer = run(comp.path)
+                except Exception as exc:  # an explicit error, not speech lost silently: counted apart
+                    rows[name]["errors"].append({"seed": seed, "error": f"{type(exc).__name__}: {exc}"})
+                    answer = ""
                 rows[name]["wall_s"] += time.perf_counter() - t0
                 rows[name]["texts"].append(answer)
                 for run_ in lost_speech(comp, alone[name], answer):
@@ -122,7 +126,7 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
         results.append({"name": r["name"], "rtfx": round(seconds / r["wall_s"], 2),
                         "wer": round(corpus_wer(refs, r["texts"]), 4),
                         "lost_runs": len(r["lost"]), "compilations_with_loss": len({x["seed"] for x in r["lost"]}),
-                        "lost": r["lost"]})
+                        "lost": r["lost"], "errors": r["errors"]})
     doc = {"kind": "file-random", "seeds": [first, first + args.random - 1], "compilations": args.random,
            "audio_seconds": round(seconds, 1), "model": model_name, "compute_type": compute_type,
            "decoding": "greedy (beam 1), English", "machine": _machine(), "results": results}
@@ -130,8 +134,9 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
              f"{first + args.random - 1}, {seconds / 60:.0f} min in all), {model_name} {compute_type}, greedy, "
              f"{_machine()}. Lost: stretches of {LOST_RUN_WORDS} or more words that the pipeline writes for a clip "
              "alone and leaves out of the compilation's answer.\n\n"
-             "| pipeline | lost stretches | compilations with a loss | WER | RTFx |\n|---|---|---|---|---|\n"
-             + "\n".join(f"| {r['name']} | {r['lost_runs']} | {r['compilations_with_loss']} | {_percent(r['wer'])} | "
-                         f"{r['rtfx']} |" for r in results) + "\n")
+             "| pipeline | lost stretches | compilations with a loss | errors | WER | RTFx |\n"
+             "|---|---|---|---|---|---|\n"
+             + "\n".join(f"| {r['name']} | {r['lost_runs']} | {r['compilations_with_loss']} | {len(r['errors'])} | "
+                         f"{_percent(r['wer'])} | {r['rtfx']} |" for r in results) + "\n")
     write_outputs(out, "file-random", doc, table, lambda p: None)
     return doc

@@ -311,7 +311,7 @@ class SegmentStream:
 
     def _produce(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            segmenter = Segmenter(self.vad)
+            segmenter = Segmenter(self.vad, faint=True)
             packer = _Packer(self.window_s, self.max_parts) if self.window_s else None
             around = _Surroundings(segmenter.config) if packer else None
 

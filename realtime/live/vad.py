@@ -27,6 +27,16 @@ LEVEL_FLOOR = 1e-3
 LEVEL_MAX_GAIN = 30.0
 LEVEL_HALF_LIFE_S = 5.0
 _CONTEXT = 64
+FAINT_THRESHOLD = 0.1
+"""A file's windows this likely to be speech, outside every segment, are faint speech (`Segmenter(faint=True)`):
+Silero may give a falsetto or creaky voice no more than this, where noise gets less."""
+FAINT_GAP = 8
+"""Windows below `FAINT_THRESHOLD` that a stretch of faint speech bridges (longer than the padding after it)."""
+FAINT_MIN_S = 0.3
+"""A stretch of faint speech this long is a segment of its own."""
+FAINT_CLEAR_S = 0.3
+"""A stretch of faint speech that ends this close to a segment's start is that segment's onset, not speech of its
+own."""
 
 def _silero_model_path() -> Path:
     spec = importlib.util.find_spec("silero_vad")
@@ -132,11 +142,21 @@ class _Buffer:
 
 
 class Segmenter:
-    """Per-session streaming segmentation. Feed 16 kHz float32 audio of any chunk size."""
+    """Per-session streaming segmentation. Feed 16 kHz float32 audio of any chunk size.
 
-    def __init__(self, config: VADConfig | None = None, model: SileroVAD | None = None) -> None:
+    With `faint`, a stretch outside every segment whose windows Silero hears only faintly (`FAINT_THRESHOLD`) for
+    `FAINT_MIN_S` or more is a segment too, announced when it ends: speech such as a falsetto phrase that never
+    reaches the threshold. Files use it, where the engine's no-speech verdict can drop such a segment quietly; live
+    sessions do not, where a segment is shown as it is heard."""
+
+    def __init__(self, config: VADConfig | None = None, model: SileroVAD | None = None, faint: bool = False) -> None:
         self.config = config or VADConfig()
         self.model = model or SileroVAD.shared()
+        self.faint = faint
+        self._faint: _Buffer | None = None  # the open stretch of faint speech, its padding before it first
+        self._faint_origin = 0  # stream sample index of its buffer's position 0
+        self._faint_start = 0
+        self._faint_last = 0  # stream sample index just past its last faint window
         self.state = self.model.new_state()
         ms = SAMPLE_RATE // 1000
         self._pad_before = self.config.pad_before_ms * ms
@@ -220,6 +240,7 @@ class Segmenter:
         if self.active:
             end = self._silence_from if self._silence_from is not None else self.samples
             self._close(end, events)
+        self._close_faint(events)
         return events
 
     def _probability(self, window: np.ndarray) -> float:
@@ -248,9 +269,13 @@ class Segmenter:
         cfg = self.config
         if not self.active:
             if p >= cfg.threshold:
+                self._close_faint(events, onset=pos - self._faint_last < FAINT_CLEAR_S * SAMPLE_RATE)
                 self._open(pos, window)
-            elif self._pad_before:
+                return
+            if self._pad_before:
                 self._preroll = np.concatenate([self._preroll, window])[-self._pad_before :]
+            if self.faint:
+                self._track_faint(pos, window, p, events)
             return
         assert self._buf is not None
         self._buf.append(window)
@@ -269,6 +294,35 @@ class Segmenter:
             self._close(self._silence_from, events)
         elif self.samples - self._speech_start >= self._max_len:
             self._split(events)
+
+    def _track_faint(self, pos: int, window: np.ndarray, p: float, events: list[VADEvent]) -> None:
+        if self._faint is None:
+            if p < FAINT_THRESHOLD:
+                return
+            pre = self._preroll if self._pad_before else window  # the preroll ends with this window
+            self._faint = _Buffer(int(SAMPLE_RATE * 2))
+            self._faint.append(pre)
+            self._faint_origin = pos + WINDOW - pre.size
+            self._faint_start = pos
+            self._faint_last = pos + WINDOW
+            return
+        self._faint.append(window)
+        if p >= FAINT_THRESHOLD:
+            self._faint_last = pos + WINDOW
+        ended = pos + WINDOW - self._faint_last > FAINT_GAP * WINDOW
+        if ended or self._faint_last - self._faint_start >= self._max_len:
+            self._close_faint(events)
+
+    def _close_faint(self, events: list[VADEvent], onset: bool = False) -> None:
+        """End the open stretch of faint speech: a segment if it is long enough and not a segment's onset."""
+        buf, self._faint = self._faint, None
+        if buf is None or onset or self._faint_last - self._faint_start < FAINT_MIN_S * SAMPLE_RATE:
+            return
+        index, self._next_index = self._next_index, self._next_index + 1
+        start, end = self._faint_start / SAMPLE_RATE, self._faint_last / SAMPLE_RATE
+        audio = buf.view(0, self._faint_last + self._pad_after - self._faint_origin).copy()
+        events += [SegmentStart(index, start), SegmentEnd(index, start, end, audio, False,
+                                                          self._faint_origin / SAMPLE_RATE)]
 
     def _open(self, pos: int, window: np.ndarray, carry: np.ndarray | None = None) -> None:
         self.active = True
