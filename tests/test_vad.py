@@ -121,6 +121,9 @@ def test_faint_speech_is_a_segment_when_it_is_long_enough_and_not_a_segments_ons
     apart = faint_replay(low + faint + low + [0.9] * 20 + low)
     assert [(e.segment, e.start) for e in apart] == [(0, pytest.approx(20 * w)), (1, pytest.approx(55 * w))]
     assert not [e for e in replay(low + faint + low) if isinstance(e, SegmentEnd)], "live sessions: no faint speech"
+    soon, later = ([0.9] * 20 + [0.02] * windows(gap) + faint + low for gap in (0.6, 1.2))
+    assert len(faint_replay(soon)) == 1, "faint sound soon after a segment is its trailing sound (mfa-words: 'word.')"
+    assert len(faint_replay(later)) == 2
 
 
 @pytest.mark.fast

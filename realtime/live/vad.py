@@ -37,6 +37,9 @@ FAINT_MIN_S = 0.3
 FAINT_CLEAR_S = 0.3
 """A stretch of faint speech that ends this close to a segment's start is that segment's onset, not speech of its
 own."""
+FAINT_AFTER_S = 1.0
+"""A stretch of faint speech that starts this soon after a segment's speech ends is its trailing sound (a breath, an
+echo, a word said again under the breath), not speech of its own."""
 
 def _silero_model_path() -> Path:
     spec = importlib.util.find_spec("silero_vad")
@@ -157,6 +160,7 @@ class Segmenter:
         self._faint_origin = 0  # stream sample index of its buffer's position 0
         self._faint_start = 0
         self._faint_last = 0  # stream sample index just past its last faint window
+        self._spoken = -(10**9)  # stream sample index where the last segment's speech ended
         self.state = self.model.new_state()
         ms = SAMPLE_RATE // 1000
         self._pad_before = self.config.pad_before_ms * ms
@@ -297,7 +301,7 @@ class Segmenter:
 
     def _track_faint(self, pos: int, window: np.ndarray, p: float, events: list[VADEvent]) -> None:
         if self._faint is None:
-            if p < FAINT_THRESHOLD:
+            if p < FAINT_THRESHOLD or pos < self._spoken + FAINT_AFTER_S * SAMPLE_RATE:
                 return
             pre = self._preroll if self._pad_before else window  # the preroll ends with this window
             self._faint = _Buffer(int(SAMPLE_RATE * 2))
@@ -340,6 +344,7 @@ class Segmenter:
 
     def _close(self, speech_end: int, events: list[VADEvent], forced: bool = False) -> None:
         assert self._buf is not None
+        self._spoken = speech_end
         if self._announced:
             cut = speech_end + (0 if forced else self._pad_after)
             audio = self._buf.view(0, cut - self._buf_origin)
