@@ -166,6 +166,24 @@ def test_timed_pieces_over_an_uncovered_segment_are_replaced_by_its_own():
     assert got.text == "One two three. Four five six. Seven eight nine."
 
 
+def test_timed_pieces_with_words_are_checked_by_both():
+    """Seed 5045 of `bench file --random`: Whisper skipped a window's first sentence and gave the next one the
+    skipped one's time, so the timed pieces looked covered; the words aligned on the audio show the first segment
+    bare. A segment that either shows uncovered is decoded again."""
+    w = window([3.0, 4.0])
+    said = "Four five six seven."
+    first = Transcription(said, duration=7.0, segments=(TimedText(0.0, 3.0, said, words(
+        (3.3, 4.2, " Four"), (4.3, 5.0, " five"), (5.1, 5.8, " six"), (5.9, 6.7, " seven."))),))
+    assert coverage.uncovered(w.speech, coverage.piece_timing(first)) == [1], "the pieces alone miss the first"
+    assert coverage.uncovered(w.speech, coverage.timing(first)) == [0], "the words alone miss the second"
+    engine = Scripted({w.part_audio(0).size: Transcription("One two three.", duration=3.0,
+                                                           segments=(TimedText(0.2, 2.8, "One two three."),)),
+                       w.part_audio(1).size: Transcription(said, duration=4.0, segments=(TimedText(0.2, 3.8, said),))})
+    got = account(engine, w, first, TranscribeOptions(timestamps=True))
+    assert got.text == "One two three. Four five six seven." and got.extra["redecoded"] == [0, 1]
+    assert all(not p.words for p in got.segments), "timed formats get no words they did not ask for"
+
+
 def test_a_lone_segment_whose_text_stops_short_is_decoded_again_with_timestamps():
     w = window([12.0])
     short = Transcription("One two.", duration=12.0, segments=(TimedText(0.0, 12.0, "One two.", words(

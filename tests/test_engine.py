@@ -102,6 +102,23 @@ def test_a_decode_asked_without_fallback_is_rejected_where_it_would_have_fallen_
     assert seen == {True, False}
 
 
+def test_a_timed_decode_checked_for_coverage_gains_words_without_changing_its_pieces(engine):
+    """The file path checks a timed window by its words too (realtime/live/coverage.py): they are aligned on the
+    decode's own encoder output afterwards, so that the pieces are Whisper's timestamps as decoded without words
+    (asking faster-whisper for words moves where its long-form decoding seeks)."""
+    from realtime.audio import decode_file
+
+    from real_speech import clips as real_clips
+
+    audio = np.concatenate([decode_file(c.path) for c in real_clips()
+                            if c.name in ("jfk.flac", "ljspeech-LJ002-0020.flac")])
+    plain = engine.transcribe_sync(audio, TranscribeOptions(timestamps=True))
+    checked = engine.transcribe_sync(audio, TranscribeOptions(timestamps=True, word_timestamps=True, coverage=True))
+    assert [(p.start, p.end, p.text) for p in checked.segments] == [(p.start, p.end, p.text) for p in plain.segments]
+    assert not plain.words and len(checked.words) == len(checked.text.split())
+    assert all(p.start - 0.5 <= w.start <= w.end <= p.end + 0.5 for p in checked.segments for w in p.words)
+
+
 def test_bad_model_path_is_a_clear_error(tmp_path):
     with pytest.raises(EngineError, match=r"model\.bin"):
         EmbeddedEngine(model=str(tmp_path))

@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -153,6 +154,7 @@ class EmbeddedEngine(EngineBase):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whisper")
         self._second = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whisper-2") if self.workers > 1 else None
         self._multilingual = True
+        self._encoded = threading.local()  # `_transcribe_long` keeps the first encoder output of its decode here
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EmbeddedEngine:
@@ -191,6 +193,16 @@ class EmbeddedEngine(EngineBase):
         except Exception as exc:
             raise EngineError(f"cannot load Whisper model {self.model_name!r}: {exc}") from exc
         self._multilingual = bool(self._model.model.is_multilingual)
+        encode = self._model.encode
+
+        def keeping(features: Any, *args: Any, **kwargs: Any) -> Any:
+            out = encode(features, *args, **kwargs)
+            kept = getattr(self._encoded, "kept", None)
+            if kept is not None and not kept:
+                kept.append(out)
+            return out
+
+        self._model.encode = keeping
         # warm-up: the first call pays for allocations and kernel selection
         tone = (0.01 * np.sin(np.arange(16000) / 5.0)).astype(np.float32)
         self.transcribe_sync(tone, TranscribeOptions(partial=True))
@@ -415,6 +427,15 @@ class EmbeddedEngine(EngineBase):
                                       float(w["probability"])) for w in piece[0].get("words", ()))
         return words
 
+    def _align_pieces(self, tokens: list[list[int]], encoded: Any, tokenizer: Any,
+                      frames: int) -> list[tuple[Word, ...]]:
+        """The words of a clip's timed pieces (their tokens), aligned together on the clip's encoder output."""
+        pieces = [{"seek": 0, "start": 0.0, "end": frames / 100, "tokens": t} for t in tokens]
+        self._model.add_word_timestamps([pieces], tokenizer, _rows(encoded, [0]), [frames], PREPEND_PUNCTUATIONS,
+                                        APPEND_PUNCTUATIONS, last_speech_timestamp=0.0)
+        return [tuple(Word(round(float(w["start"]), 3), round(float(w["end"]), 3), w["word"],
+                           float(w["probability"])) for w in p.get("words", ())) for p in pieces]
+
     def _encode(self, features: np.ndarray) -> Any:
         """The encoder's output for a batch of features, in calls of at most MAX_ENCODE_FRAMES frames (large
         batches of long clips spend their time in attention matrices that no longer fit in cache)."""
@@ -438,6 +459,9 @@ class EmbeddedEngine(EngineBase):
         language = options.language or self.language
         if not self._multilingual:
             language = "en"
+        # words for the coverage check are aligned afterwards on the decode's own encoder output: asking
+        # faster-whisper for them changes where its long-form decoding seeks next
+        align = options.word_timestamps and options.coverage and audio.size <= MAX_FRAMES * 160
         segments, info = self._model.transcribe(
             audio,
             language=language,
@@ -448,7 +472,7 @@ class EmbeddedEngine(EngineBase):
             initial_prompt=options.prompt or None,
             condition_on_previous_text=False,
             without_timestamps=not (options.timestamps or options.word_timestamps),
-            word_timestamps=options.word_timestamps,
+            word_timestamps=options.word_timestamps and not align,
             no_speech_threshold=policy.NO_SPEECH_THRESHOLD,
             log_prob_threshold=policy.LOGPROB_THRESHOLD,
             compression_ratio_threshold=policy.COMPRESSION_RATIO_THRESHOLD,
@@ -459,7 +483,13 @@ class EmbeddedEngine(EngineBase):
         logprobs: list[float] = []
         temperature = 0.0
         rejected = False
-        for seg in segments:
+        self._encoded.kept = [] if align else None
+        try:
+            decoded = list(segments)
+        finally:
+            encoded, self._encoded.kept = self._encoded.kept, None
+        tokens: list[list[int]] = []
+        for seg in decoded:
             rejected = rejected or (not options.fallback and _falls_back(seg))
             no_speech.append(seg.no_speech_prob)
             logprobs.append(seg.avg_logprob)
@@ -469,6 +499,11 @@ class EmbeddedEngine(EngineBase):
                 words = tuple(Word(round(float(w.start), 3), round(float(w.end), 3), w.word, float(w.probability))
                               for w in seg.words or ())
                 kept.append(TimedText(float(seg.start), float(seg.end), text, _words_within(text, words)))
+                tokens.append(list(seg.tokens))
+        if align and encoded and kept:
+            aligned = self._align_pieces(tokens, encoded[0], self._tokenizer(info.language, options.task),
+                                         min(audio.size // 160, MAX_FRAMES))
+            kept = [dataclasses.replace(t, words=_words_within(t.text, w)) for t, w in zip(kept, aligned, strict=True)]
         return Transcription(
             text=" ".join(t.text for t in kept).strip(),
             language=info.language,

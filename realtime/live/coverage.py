@@ -50,12 +50,13 @@ def checkable(engine: Engine) -> bool:
 
 def check_options(engine: Engine, options: TranscribeOptions) -> TranscribeOptions:
     """The options a window is decoded with so that its result can be checked: word times where the engine
-    aligns words (text formats keep their decode and gain the words), else Whisper's timed pieces."""
-    if options.timestamps or options.word_timestamps or not checkable(engine):
+    aligns words (the decode asked for stays as it is and gains the words: Whisper's timed pieces can be placed
+    wrong, a skipped first sentence's time given to the next), else Whisper's timed pieces."""
+    if options.word_timestamps or not checkable(engine):
         return options
     if engine.word_timestamps:
         return replace(options, word_timestamps=True, coverage=True)
-    return replace(options, timestamps=True, coverage=True)
+    return options if options.timestamps else replace(options, timestamps=True, coverage=True)
 
 
 def redecode_options(engine: Engine, options: TranscribeOptions, asked: TranscribeOptions,
@@ -75,8 +76,12 @@ def timing(result: Transcription) -> list[Span] | None:
     if not result.text.strip():
         return []
     words = [(w.start, w.end) for w in result.words if w.word.strip()]
-    if words:
-        return words
+    return words or piece_timing(result)
+
+
+def piece_timing(result: Transcription) -> list[Span] | None:
+    """Where each word of the result's text lies by its timed pieces alone (each piece's time shared evenly among
+    its words); None when there is no more than one piece over the whole clip."""
     pieces = [(p.start, p.end, len(p.text.split())) for p in result.segments if p.text.strip()]
     if len(pieces) == 1 and pieces[0][0] <= 0.0 and pieces[0][1] >= result.duration - 0.01:
         return None
@@ -148,5 +153,5 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
 
 
 __all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "Span",
-           "check_options", "checkable", "longest_gap", "redecode_options", "rejected", "suspect", "timing",
-           "uncovered", "window_options", "words_in"]
+           "check_options", "checkable", "longest_gap", "piece_timing", "redecode_options", "rejected", "suspect",
+           "timing", "uncovered", "window_options", "words_in"]

@@ -492,7 +492,11 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     else:
         missing = coverage.uncovered(speech, spans)
         if checked:
-            missing = _whole_pieces(window, result, coverage.suspect(speech, spans, missing))
+            missing = coverage.suspect(speech, spans, missing)
+            pieces = coverage.piece_timing(result) if result.words else None
+            if pieces:  # timed pieces with their words: either can look covered where the other does not
+                missing = sorted({*missing, *coverage.suspect(speech, pieces, coverage.uncovered(speech, pieces))})
+            missing = _whole_pieces(window, result, missing)
     if not missing:
         return result
     log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
