@@ -410,7 +410,6 @@ class EmbeddedEngine(EngineBase):
                frames: list[int]) -> dict[int, tuple[Word, ...]]:
         """The words of decoded items, timed as faster-whisper times them (the cross-attention of the alignment
         heads, its rules for long words and punctuation) on the encoder output each item was decoded from."""
-
         groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
         for i, (enc, _, _) in decoded.items():
             groups.setdefault((id(enc), tuple(tokenizers[i].sot_sequence)), []).append(i)
@@ -423,8 +422,7 @@ class EmbeddedEngine(EngineBase):
             self._model.add_word_timestamps(pieces, tokenizers[idxs[0]], enc, [frames[i] for i in idxs],
                                             PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS, last_speech_timestamp=0.0)
             for i, piece in zip(idxs, pieces, strict=True):
-                words[i] = tuple(Word(round(float(w["start"]), 3), round(float(w["end"]), 3), w["word"],
-                                      float(w["probability"])) for w in piece[0].get("words", ()))
+                words[i] = _aligned(piece[0])
         return words
 
     def _align_pieces(self, tokens: list[list[int]], encoded: Any, tokenizer: Any,
@@ -433,8 +431,7 @@ class EmbeddedEngine(EngineBase):
         pieces = [{"seek": 0, "start": 0.0, "end": frames / 100, "tokens": t} for t in tokens]
         self._model.add_word_timestamps([pieces], tokenizer, _rows(encoded, [0]), [frames], PREPEND_PUNCTUATIONS,
                                         APPEND_PUNCTUATIONS, last_speech_timestamp=0.0)
-        return [tuple(Word(round(float(w["start"]), 3), round(float(w["end"]), 3), w["word"],
-                           float(w["probability"])) for w in p.get("words", ())) for p in pieces]
+        return [_aligned(p) for p in pieces]
 
     def _encode(self, features: np.ndarray) -> Any:
         """The encoder's output for a batch of features, in calls of at most MAX_ENCODE_FRAMES frames (large
@@ -552,6 +549,12 @@ def _words_within(text: str, words: tuple[Word, ...]) -> tuple[Word, ...]:
             break
         kept.append(w)
     return tuple(kept)
+
+
+def _aligned(piece: dict[str, Any]) -> tuple[Word, ...]:
+    """The words faster-whisper's `add_word_timestamps` gave a piece."""
+    return tuple(Word(round(float(w["start"]), 3), round(float(w["end"]), 3), w["word"], float(w["probability"]))
+                 for w in piece.get("words", ()))
 
 
 def _falls_back(segment: Any) -> bool:

@@ -11,9 +11,9 @@ decodes them again (realtime/live/transcribe.py) and that answer, checked in tur
 Whisper's no-speech verdict, or an error entry.
 
 A packed window whose greedy decode the decoding policy rejected (a loop, a guess) is not trusted to a sample at a
-higher temperature either: each of its segments is decoded alone (`rejected`), and the window is asked without
-fallback (`window_options`). An engine that gives no times cannot
-be checked this way: its windows hold one segment each (`checkable`).
+higher temperature either: each of its segments is decoded alone (`policy.rejected`: a guess worth less than its
+segments' greedy decodes one by one), and the window is asked without fallback (`window_options`). An engine that
+gives no times cannot be checked this way: its windows hold one segment each (`checkable`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..engines import policy
 from ..engines.base import Engine
 from ..engines.types import TranscribeOptions, Transcription
 
@@ -89,15 +88,9 @@ def piece_timing(result: Transcription) -> list[Span] | None:
     return [(a + k * d, a + (k + 1) * d) for a, d, n in step for k in range(n)] or None
 
 
-def rejected(result: Transcription) -> bool:
-    """Whether the decoding policy rejected the greedy decode (`policy.rejected`): for a packed window, a guess worth
-    less than its segments' greedy decodes one by one (a sampled one differs from run to run too)."""
-    return policy.rejected(result)
-
-
 def window_options(options: TranscribeOptions, segments: int) -> TranscribeOptions:
     """The options a window of `segments` segments is decoded with: a packed window's rejected decode is not tried
-    again at higher temperatures, since its segments are decoded alone then (`rejected`)."""
+    again at higher temperatures, since its segments are decoded alone then (`policy.rejected`)."""
     return replace(options, fallback=False) if segments > 1 else options
 
 
@@ -137,6 +130,11 @@ def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[i
     return sorted(out)
 
 
+def unaccounted(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
+    """The segments of a packed window to decode again: `uncovered` ones and those they make `suspect`."""
+    return suspect(speech, covered, uncovered(speech, covered))
+
+
 def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
     """Indexes of the speech spans (a window's segments) that hold a stretch of speech no text covers (at least
     `GAP_S`, or `GAP_SHARE` of a shorter segment's speech), or whose words are too few for their speech
@@ -153,5 +151,5 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
 
 
 __all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "Span",
-           "check_options", "checkable", "longest_gap", "piece_timing", "redecode_options", "rejected", "suspect",
-           "timing", "uncovered", "window_options", "words_in"]
+           "check_options", "checkable", "longest_gap", "piece_timing", "redecode_options", "suspect", "timing",
+           "unaccounted", "uncovered", "window_options", "words_in"]

@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 
 from ..audio import SAMPLE_RATE, iter_file
-from ..engines import Engine, TimedText, TranscribeOptions, Transcription
+from ..engines import Engine, TimedText, TranscribeOptions, Transcription, policy
 from . import coverage
 from .transcript import Entry
 from .vad import SegmentEnd, Segmenter, SegmentStart, VADConfig, VADEvent
@@ -485,18 +485,18 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     """The coverage rule on a window's result, its answers spliced in (see `_account`)."""
     spans = coverage.timing(result)
     speech = window.heard_speech
-    sampled = coverage.rejected(result)
-    checked = bool(spans) and not sampled and len(speech) > 1  # the answers are checked in turn
-    if spans is None or sampled:
+    rejected = policy.rejected(result)
+    checked = bool(spans) and not rejected and len(speech) > 1  # the answers are checked in turn
+    if spans is None or rejected:
         missing = list(range(len(speech))) if len(speech) > 1 else []
-    else:
+    elif not checked:
         missing = coverage.uncovered(speech, spans)
-        if checked:
-            missing = coverage.suspect(speech, spans, missing)
-            pieces = coverage.piece_timing(result) if result.words else None
-            if pieces:  # timed pieces with their words: either can look covered where the other does not
-                missing = sorted({*missing, *coverage.suspect(speech, pieces, coverage.uncovered(speech, pieces))})
-            missing = _whole_pieces(window, result, missing)
+    else:
+        missing = coverage.unaccounted(speech, spans)
+        pieces = coverage.piece_timing(result) if result.words else None
+        if pieces:  # timed pieces with their words: either can look covered where the other does not
+            missing = sorted({*missing, *coverage.unaccounted(speech, pieces)})
+        missing = _whole_pieces(window, result, missing)
     if not missing:
         return result
     log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
