@@ -185,3 +185,18 @@ def test_peer_clients_keep_what_each_server_calls_final(monkeypatch):
     wlk = asyncio.run(run(whisperlivekit, peers.play_whisperlivekit))
     assert wlk.error is None
     assert [s[1:] for s in wlk.snapshots] == [("One", "One two"), ("One two.", "One two.")]
+
+
+@pytest.mark.fast
+def test_bench_random_fails_when_any_path_of_the_app_lost_speech_but_not_for_faster_whisper():
+    """`bench file --random N --served --only http` runs no in-process pipeline: a loss in a served path (seed 5045's
+    verbose_json) must still fail the command; faster-whisper's losses are the comparison, not a failure."""
+    from realtime.bench.compilations import lost_anywhere
+
+    def doc(**lost: int) -> dict:
+        return {"results": [{"name": name, "lost_runs": n} for name, n in lost.items()]}
+
+    assert lost_anywhere(doc(**{"faster-whisper (sequential, VAD)": 3, "HTTP json": 0, "HTTP verbose_json": 1}))
+    assert lost_anywhere(doc(**{"realtime text (json, text)": 1}))
+    assert not lost_anywhere(doc(**{"faster-whisper (sequential, VAD)": 18, "HTTP json": 0,
+                                    "remote engine to another instance (json)": 0}))

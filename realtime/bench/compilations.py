@@ -77,6 +77,12 @@ def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], N
     }, stop
 
 
+def lost_anywhere(doc: dict[str, Any]) -> bool:
+    """Whether a run (`bench_random`'s document) lost speech in any pipeline of this app, in process or served
+    (faster-whisper's, beside them for comparison, does not count)."""
+    return any(r["lost_runs"] for r in doc["results"] if not r["name"].startswith("faster-whisper"))
+
+
 def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     from .files import _bench_model, _percent
 
