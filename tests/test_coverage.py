@@ -64,6 +64,24 @@ def test_the_neighbours_of_an_uncovered_segment_with_words_over_it_are_suspect()
     assert coverage.suspect(brief, said[:2], [1]) == [0, 1] and coverage.suspect(brief, [(0.5, 0.6)], []) == []
 
 
+def test_a_word_across_two_segments_was_stretched_over_speech_the_decode_skipped():
+    """Seed 5025 of `bench file --random --served` (the remote engine): a decode skipped the clause "ask what you can
+    do for your country" and alignment spread the next sentence's "on" over it, into the next segment's speech;
+    the words around it were dense enough for both segments to look covered."""
+    speech = [(8.1, 10.4), (10.8, 13.2), (13.6, 15.7)]
+    said = [(7.9, 8.6), (8.6, 8.8), (8.8, 11.3), (11.3, 11.5), (11.5, 11.9), (11.9, 12.3), (12.3, 12.4),
+            (12.4, 12.7), (12.7, 13.3), (13.8, 13.9), (13.9, 14.2), (14.2, 14.3), (14.3, 14.5), (14.5, 15.1),
+            (15.1, 15.7)]
+    assert coverage.uncovered(speech, said) == []
+    assert coverage.stretched(speech, said) == [0, 1]
+    assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2]
+    assert coverage.unaccounted(speech, said) == [], "a timed piece's shared-out time may lie across segments"
+    brushing = [(0.3, 2.9), (2.9, 3.4), (3.5, 5.7)]  # a last word's end running into the next segment's onset
+    assert coverage.stretched([(0.2, 2.8), (3.2, 5.8)], brushing) == []
+    whole = [(0.0, 0.5), (0.5, 1.0), (1.0, 23.8), (23.8, 23.8), (23.8, 23.9), (23.9, 25.2)]  # seed 5047: a 23 s "the"
+    assert coverage.stretched([(0.2, 2.6), (3.0, 5.3), (19.9, 22.2), (22.6, 24.4)], whole) == [0, 1, 2, 3]
+
+
 def test_a_long_segment_whose_text_stops_halfway_is_uncovered():
     assert coverage.uncovered([(0.0, 12.0)], [(0.1, 5.0)]) == [0]
     spoken = [(0.1 + 0.4 * k, 0.4 + 0.4 * k) for k in range(12)] + [(5.2 + 0.4 * k, 5.5 + 0.4 * k) for k in range(15)]
@@ -235,6 +253,27 @@ def test_segments_skipped_together_are_decoded_together_and_checked_again():
     assert asked == [(9 * SAMPLE_RATE, True, False), (3 * SAMPLE_RATE, True, True)], \
         "the three segments are a packed window (asked without fallback), the one decoded alone is not"
     assert got.extra["redecoded"] == [1, 2, 3]
+
+
+def test_segments_under_a_stretched_word_are_decoded_again():
+    """The second segment's first sentence was skipped and its last word stretched back over it: each segment holds
+    enough words to look covered, but one word lies across both."""
+    w = window([3.0, 3.0])
+    said = "One two three seven eight nine."
+    first = Transcription(said, duration=6.0, segments=(TimedText(0.0, 6.0, said, words(
+        (0.3, 0.9, "One"), (1.0, 1.5, "two"), (1.6, 4.0, "three"), (4.1, 4.6, "seven"), (4.7, 5.2, "eight"),
+        (5.3, 5.7, "nine."))),))
+    answers = iter(["One two three.", "Four five six seven eight nine."])
+
+    class Alone(Scripted):
+        async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+            self.asked.append((audio.size, options))
+            return Transcription(next(answers), duration=3.0)
+
+    engine = Alone({})
+    got = account(engine, w, first, TranscribeOptions())
+    assert got.text == "One two three. Four five six seven eight nine." and got.extra["redecoded"] == [0, 1]
+    assert [size for size, _ in engine.asked] == [3 * SAMPLE_RATE] * 2
 
 
 @pytest.mark.parametrize("how", ["rejected", "sampled"])

@@ -6,7 +6,9 @@ result's times say which audio its text came from: the words aligned on the enco
 `word_timestamps`) or Whisper's timed pieces (engines that declare `timestamps`). A segment is `uncovered` when its
 speech holds a long stretch that no text lies over, or when its text is too short for its speech: alignment spreads
 the words a decode kept over the speech it was given, so a skipped sentence beside a few kept words can look
-covered, but not as many words; the segments beside one that holds such words are `suspect` too. The file path
+covered, but not as many words; nor can one word lie across two segments (`stretched`: the VAD cut between them
+where it heard a pause), so the words beside such a word are not where they seem. The segments beside one that
+holds such words are `suspect` too. The file path
 decodes them again (realtime/live/transcribe.py) and that answer, checked in turn, stands for them: its text,
 Whisper's no-speech verdict, or an error entry.
 
@@ -37,6 +39,8 @@ MIN_WORDS_PER_S = 1.0
 """Fewer words than this per second of a segment's speech is text too short for it."""
 SPARSE_SPEECH_S = 1.0
 """Segments with less speech than this are judged by their gaps alone (a word or two is a whole answer)."""
+STRETCH_S = 0.3
+"""A word whose time reaches this far into the speech of two segments was stretched over them by alignment."""
 REACH_S = 0.4
 """How far beyond a word's or a piece's times its text counts as covering speech: alignment is coarse at the
 edges of words, and Whisper's piece boundaries fall in the pauses around them."""
@@ -130,9 +134,23 @@ def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[i
     return sorted(out)
 
 
-def unaccounted(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
-    """The segments of a packed window to decode again: `uncovered` ones and those they make `suspect`."""
-    return suspect(speech, covered, uncovered(speech, covered))
+def stretched(speech: Sequence[Span], words: Sequence[Span]) -> list[int]:
+    """Indexes of the speech spans (a window's segments) that one aligned word lies across, from the first to the
+    last that it reaches `STRETCH_S` into. A word is said within one segment, so alignment spread this one over
+    speech the decode skipped (a "the" over several sentences, an "on" over a clause)."""
+    out: set[int] = set()
+    for a, b in words:
+        over = [i for i, (x, y) in enumerate(speech) if min(b, y) - max(a, x) > STRETCH_S]
+        if len(over) > 1:
+            out |= set(range(over[0], over[-1] + 1))
+    return sorted(out)
+
+
+def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False) -> list[int]:
+    """The segments of a packed window to decode again: `uncovered` ones, those an aligned word is `stretched`
+    across (when `covered` are words' own times, not a piece's shared out), and those they make `suspect`."""
+    missing = {*uncovered(speech, covered), *(stretched(speech, covered) if words else ())}
+    return suspect(speech, covered, sorted(missing))
 
 
 def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
@@ -150,6 +168,6 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
     return out
 
 
-__all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "Span",
-           "check_options", "checkable", "longest_gap", "piece_timing", "redecode_options", "suspect", "timing",
-           "unaccounted", "uncovered", "window_options", "words_in"]
+__all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "STRETCH_S",
+           "Span", "check_options", "checkable", "longest_gap", "piece_timing", "redecode_options", "stretched",
+           "suspect", "timing", "unaccounted", "uncovered", "window_options", "words_in"]

@@ -492,7 +492,7 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     elif not checked:
         missing = coverage.uncovered(speech, spans)
     else:
-        missing = coverage.unaccounted(speech, spans)
+        missing = coverage.unaccounted(speech, spans, words=bool(result.words))
         pieces = coverage.piece_timing(result) if result.words else None
         if pieces:  # timed pieces with their words: either can look covered where the other does not
             missing = sorted({*missing, *coverage.unaccounted(speech, pieces)})
