@@ -69,6 +69,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _spent: dict[str, float] = {}
+_seeds: list[str] = []
+"""What the tests that draw random inputs recorded as `random seeds` (`record_property`), shown after a passing run
+too, so that any run's inputs can be built again."""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -76,13 +79,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     their node ids end in @group)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    _seeds.extend(f"{report.nodeid.split('@')[0]}: {value}" for name, value in report.user_properties
+                  if name == "random seeds" and report.when == "call")
     group = report.nodeid.rsplit("@", 1)[1] if "@" in report.nodeid else report.nodeid.split("::")[0]
     group = re.sub(r"\s*\[.*\]$", "", group)  # a subtest's report names its parameters after the group
     _spent[group] = _spent.get(group, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if not _spent or os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if _seeds:
+        terminalreporter.write_sep("=", "random seeds")
+        for line in _seeds:
+            terminalreporter.write_line(line)
+    if not _spent:
         return
     terminalreporter.write_sep("=", "group times (s)")
     for group, seconds in sorted(_spent.items(), key=lambda kv: -kv[1]):

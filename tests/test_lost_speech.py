@@ -3,8 +3,9 @@ pauses and levels: realtime/bench/corpus.py, `random_compilation`), transcribed 
 decodes. A stretch of 5 or more words that the same path writes for a clip posted alone (conftest.py: `readings`)
 and leaves out of the compilation's answer is lost (`lost_speech`).
 
-Each run draws fresh seeds (printed, and named in a failure with the command that rebuilds the compilation); the
-compilations of the shared script that lost a sentence before (its seeds 1, 5 and 11) stay as regression tests.
+Each run draws fresh seeds (listed at the end of every run, and named in a failure with the command that rebuilds
+the compilation); the compilations of the shared script that lost a sentence before (its seeds 1, 2, 5 and 11)
+stay as regression tests.
 A failure is a bug to fix, never a seed to skip.
 """
 
@@ -31,8 +32,9 @@ def fresh_seed() -> int:
 
 
 @pytest.mark.xdist_group("lost-speech")
-def test_random_compilations_lose_no_speech(engine, readings, tmp_path):
+def test_random_compilations_lose_no_speech(engine, readings, tmp_path, record_property):
     first = fresh_seed()
+    record_property("random seeds", f"{first} to {first + COMPILATIONS - 1} (RANDOM_SEED={first} reruns them)")
     print(f"\nrandom compilations: seeds {first} to {first + COMPILATIONS - 1} (RANDOM_SEED={first} reruns them)")
     lost = {}
     for seed in range(first, first + COMPILATIONS):
