@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE, decode_file
-from ..engines.policy import _key, find_loop
+from ..engines.policy import find_loop, word_key
 
 
 @dataclass(frozen=True)
@@ -167,10 +167,10 @@ def loops(hypotheses: list[str], reference: str | None = None) -> list[str]:
         at = find_loop(h)
         if at is None:
             continue
-        keys = [_key(w) for w in h.split()]
+        keys = [word_key(w) for w in h.split()]
         n = next(k for k in range(1, at + 1) if keys[at - k:at] == keys[at:at + k])
         if reference is None or _most_repeats(keys[at - n:], n, 0) > _most_repeats(
-                [_key(w) for w in reference.split()], n):
+                [word_key(w) for w in reference.split()], n):
             out.append(h)
     return out
 

@@ -62,7 +62,8 @@ def max_new_tokens(duration: float) -> int:
     return TOKENS_MIN + int(TOKENS_PER_SECOND * duration)
 
 
-def _key(word: str) -> str:
+def word_key(word: str) -> str:
+    """A word as the loop rule compares words: lower case, without punctuation."""
     return _PUNCT.sub("", word.lower())
 
 
@@ -71,7 +72,7 @@ def find_loop(text: str) -> int | None:
 
     A loop is a run of `LOOP_SPAN` or more words repeated back to back, or a shorter run repeated
     `LOOP_REPEATS[length]` times in a row."""
-    keys = [_key(w) for w in text.split()]
+    keys = [word_key(w) for w in text.split()]
     best: int | None = None
     for n in range(1, len(keys) // 2 + 1):
         times = LOOP_REPEATS.get(n, 2)
@@ -92,7 +93,7 @@ def trim_loop(text: str) -> str:
     if cut is None:
         return text
     words = text.split()
-    keys = [_key(w) for w in words]
+    keys = [word_key(w) for w in words]
     # keep one occurrence of a repeated run, two of a single word ("no no no no no no" -> "no no")
     n = next(n for n in range(1, cut + 1) if keys[cut - n:cut] == keys[cut:cut + n])
     keep = cut + n if n == 1 else cut
