@@ -131,6 +131,22 @@ def test_an_entry_spoken_by_two_is_cut_at_the_change_and_words_follow_their_turn
     assert '"speaker": "Bob"' in fmt.to_json(entries)
 
 
+@pytest.mark.fast
+def test_a_labelled_entry_is_timed_by_its_words_and_cut_at_a_long_pause():
+    """Issue 39: a Whisper piece from 4.5 s to 29.4 s over four short replies and silence between them became one
+    segment of 25 s. Each run of words is its own entry, from its first word's start to its last word's end."""
+    diarization = Diarization([Turn(4.0, 30.0, 0)], np.zeros((1, 2)))
+    words = (Word(4.6, 4.9, " No.", 1.0), Word(5.0, 5.3, " No.", 1.0), Word(12.0, 12.4, " Yeah.", 1.0),
+             Word(27.5, 27.8, " To", 1.0), Word(27.8, 28.0, " take", 1.0), Word(28.0, 28.3, " notes", 1.0),
+             Word(28.3, 28.8, " today.", 1.0))
+    entries = labels.label([Entry(0, 4.5, 29.4, "No. No. Yeah. To take notes today.", words=words)], diarization)
+    assert [(e.text, e.start, e.end) for e in entries] == [
+        ("No. No.", 4.6, 5.3), ("Yeah.", 12.0, 12.4), ("To take notes today.", 27.5, 28.8)]
+    assert all(b.start - a.end < labels.TURN_PAUSE_S for e in entries for a, b in itertools.pairwise(e.words))
+    one = labels.label([Entry(0, 0.0, 9.0, "Hello there.", words=words[:2])], diarization)
+    assert [(e.text, e.start, e.end) for e in one] == [("Hello there.", 4.6, 5.3)], "one run keeps its text"
+
+
 # -- the speaker model on real voices ----------------------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ from live_peer import SETTLE_S, Gate, Peer, partial_of
 from test_metrics import Metrics, scrape
 
 from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.bench.client import StreamError, stream_file, summarize
+from realtime.bench.client import StreamError, event_line, stream_file, summarize
 
 from conftest import ROOT, App
 from speech import SENTENCES, Speech, compose, wer
@@ -173,6 +173,16 @@ def test_stream_command_prints_json_lines_and_summary(app, speech_dir):
     assert set(summary) == {"segments", "finals", "final_latency_p50", "final_latency_p95",
                             "first_partial_latency_p50"}
     assert wer(speech.text, events[-1]["text"]) <= 0.2
+
+
+@pytest.mark.fast
+def test_the_stream_command_prints_each_event_whole():
+    """A speaker event reached the terminal without its speaker or turns: the command kept five keys of each event."""
+    event = {"type": "speaker", "segment": 3, "speaker": "B", "turns": [{"start": 1.0, "end": 2.5, "speaker": "A"},
+                                                                        {"start": 2.5, "end": 4.0, "speaker": "B"}]}
+    assert json.loads(event_line(event)) == event
+    assert json.loads(event_line({"type": "final", "text": "Très bien.", "segment": 0})) == {
+        "type": "final", "text": "Très bien.", "segment": 0}
 
 
 def test_routes_reject_bad_requests(app):

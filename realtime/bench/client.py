@@ -223,10 +223,15 @@ async def fetch_rtc_configuration(url: str) -> dict[str, Any]:
     return body
 
 
+def event_line(event: dict[str, Any]) -> str:
+    """An event as `python -m realtime stream` prints it: whole, as one JSON line (a speaker event with its speaker
+    and turns, an error with its message)."""
+    return json.dumps(event, ensure_ascii=False)
+
+
 def run_stream(url: str, path: str, ice_loopback: bool, tail: float) -> int:
     def show(event: dict[str, Any]) -> None:
-        print(json.dumps({k: event[k] for k in ("type", "text", "segment", "t", "audio_end") if k in event}
-                         | ({"message": event["message"]} if "message" in event else {})), flush=True)
+        print(event_line(event), flush=True)
 
     try:
         res = asyncio.run(stream_file(url, path, ice_loopback=ice_loopback, tail_seconds=tail, on_event=show))

@@ -1,9 +1,11 @@
 """Speaker labels on transcript entries: the rule every path follows to say who spoke which words.
 
 A word takes the speaker of the turn it falls in (`Diarization.speaker_at` over its times); an entry with word
-times is cut where the speaker changes, so one Whisper piece spoken by two people becomes two entries; an entry
-without word times takes the speaker of most of its span. Also the speech spans of what the file path decoded,
-which are what the speaker model windows.
+times becomes runs of consecutive words by one speaker, cut where the speaker changes and at a pause of
+`TURN_PAUSE_S` or more, each timed by its first word's start and its last word's end: one Whisper piece spoken by two
+people becomes two entries, and no entry spans a silence that belongs to no word. An entry without word times takes
+the speaker of most of its span. Also the speech spans of what the file path decoded, which are what the speaker
+model windows.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE, decode_file
+from ..engines.types import Word
 from ..speakers import Diarization, Diarizer
 from .transcribe import Window
 from .transcript import Entry
 from .vad import SegmentEnd
 
 Span = tuple[float, float]
+TURN_PAUSE_S = 1.0
+"""A pause between two words this long or longer ends a labelled entry, even where the speaker stays the same."""
 
 
 def speech_spans(end: SegmentEnd) -> list[Span]:
@@ -41,34 +46,28 @@ def diarize_file(diarizer: Diarizer, path: str | Path, speech: Sequence[Span],
 
 
 def label(entries: Iterable[Entry], diarization: Diarization, numbered: bool = False) -> list[Entry]:
-    """The entries with their speakers' labels (letters, or with `numbered` "Speaker 1", ...), cut at each change
-    of speaker inside one."""
+    """The entries with their speakers' labels (letters, or with `numbered` "Speaker 1", ...); an entry with words
+    is cut into runs of one speaker's words without a long pause, timed by its words."""
     def named(who: int | None) -> str | None:
         return None if who is None else diarization.label(who, numbered)
 
     out: list[Entry] = []
     for e in entries:
         if not e.words:
-            who = diarization.speaker_at(e.start, e.end)
-            out.append(dataclasses.replace(e, speaker=named(who)))
+            out.append(dataclasses.replace(e, speaker=named(diarization.speaker_at(e.start, e.end))))
             continue
-        runs: list[tuple[int | None, list]] = []
+        runs: list[tuple[int | None, list[Word]]] = []
         for w in e.words:
             who = diarization.speaker_at(w.start, w.end)
-            if runs and runs[-1][0] == who:
+            if runs and runs[-1][0] == who and w.start - runs[-1][1][-1].end < TURN_PAUSE_S:
                 runs[-1][1].append(w)
             else:
                 runs.append((who, [w]))
-        if len(runs) == 1:
-            who = runs[0][0]
-            out.append(dataclasses.replace(e, speaker=named(who)))
-            continue
         for who, words in runs:
-            text = "".join(w.word for w in words).strip()
+            text = e.text if len(runs) == 1 else "".join(w.word for w in words).strip()
             if text:
-                out.append(dataclasses.replace(e, start=words[0].start, end=words[-1].end, text=text,
-                                               words=tuple(words),
-                                               speaker=named(who)))
+                out.append(dataclasses.replace(e, start=words[0].start, end=words[-1].end,
+                                               text=text, words=tuple(words), speaker=named(who)))
     return out
 
 
