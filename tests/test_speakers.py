@@ -285,12 +285,17 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app: App, short: Con
         assert r.status_code == 200, r.text
         return r
 
-    verbose = post(response_format="verbose_json", diarize="true").json()
+    verbose = post(response_format="verbose_json", diarize="true", **{"timestamp_granularities[]": "word"}).json()
     assert {s["speaker"] for s in verbose["segments"]} == {"A", "B", "C", "D"}
     said: dict[str, str] = {}
     for seg in verbose["segments"]:
         truth = voice_of(short, seg["start"], seg["end"])
         assert said.setdefault(truth, seg["speaker"]) == seg["speaker"], (seg, truth)
+        # a labelled segment is timed by its words and holds no silence of TURN_PAUSE_S that no word covers
+        mine = [w for w in verbose["words"] if seg["start"] - 0.01 <= (w["start"] + w["end"]) / 2 <= seg["end"] + 0.01]
+        assert mine and mine[0]["start"] == pytest.approx(seg["start"], abs=0.01), (seg, mine)
+        assert mine[-1]["end"] == pytest.approx(seg["end"], abs=0.01), (seg, mine)
+        assert all(b["start"] - a["end"] < labels.TURN_PAUSE_S for a, b in itertools.pairwise(mine)), (seg, mine)
     srt = post(response_format="srt", diarize="true").text
     assert srt.count("\nA: ") >= 2
     assert all(text.partition(": ")[0] == said[voice_of(short, a, b)] for a, b, text in srt_cues(srt)), srt

@@ -1,5 +1,7 @@
-"""`bench speakers`: diarization error rate on recordings with RTTM references, offline (the whole file clustered)
-and live (each window labelled as it is heard), beside a floor (everything one speaker), with the cost per second.
+"""`bench speakers`: diarization error rate on recordings with RTTM references: what a user gets (the HTTP API's
+`diarized_json` segments and its srt cues with `diarize=true`, from a launched app) beside the speaker layer's own
+turns, offline (the whole file clustered) and live (each window labelled as it is heard), and a floor (everything
+one speaker); the speaker count of each, and the cost per second.
 
 The scorer follows the standard definition (NIST md-eval, pyannote.metrics): a 10 ms grid; no scoring within
 `COLLAR_S` of a reference boundary; per frame, missed speech max(0, reference - hypothesis speakers), false alarm
@@ -104,8 +106,9 @@ def _labelled(turns: Sequence[Turn]) -> list[Labelled]:
     return [(t.start, t.end, str(t.speaker)) for t in turns]
 
 
-def diarize_file(diarizer: Diarizer, path: str | Path) -> dict[str, object]:
-    """One recording, offline and live, with the floor and the speaker counts."""
+def diarize_file(diarizer: Diarizer, path: str | Path,
+                 answers: dict[str, list[Labelled]] | None = None) -> dict[str, object]:
+    """One recording, offline and live, with the floor and the speaker counts (and the app's `answers`, if given)."""
     segments = vad_segments(path)
     speech = [padded(s) for s in segments]
     audio = decode_file(path)
@@ -123,12 +126,59 @@ def diarize_file(diarizer: Diarizer, path: str | Path) -> dict[str, object]:
     row: dict[str, object] = {"file": Path(path).stem, "seconds": round(audio.size / SAMPLE_RATE, 1),
                               "speakers": len({w for *_, w in reference}),
                               "found_offline": len(offline.centroids), "found_live": len(online.centroids)}
-    for name, hyp in (("offline", _labelled(offline.turns)), ("live", _labelled(online.turns)), ("one", floor)):
+    hypotheses = {**(answers or {}), "offline": _labelled(offline.turns), "live": _labelled(online.turns),
+                  "one": floor}
+    for name, hyp in (answers or {}).items():
+        row[f"found_{name}"] = len({w for *_, w in hyp})
+    for name, hyp in hypotheses.items():
         row[name] = asdict(der(reference, hyp))
         row[f"{name}_no_overlap"] = asdict(der(reference, hyp, skip_overlap=True))
     row["offline_cost"] = offline_s / (audio.size / SAMPLE_RATE)
     row["live_cost"] = live_s / (audio.size / SAMPLE_RATE)
     return row
+
+
+def srt_turns(srt: str) -> list[Labelled]:
+    """An srt answer's cues with their speakers ("A: ..." starts a labelled cue)."""
+    def seconds(stamp: str) -> float:
+        h, m, sec = stamp.replace(",", ".").split(":")
+        return int(h) * 3600 + int(m) * 60 + float(sec)
+
+    out = []
+    for block in srt.strip().split("\n\n"):
+        lines = block.splitlines()
+        if len(lines) < 3 or " --> " not in lines[1]:
+            continue
+        a, b = lines[1].split(" --> ")
+        out.append((seconds(a), seconds(b), lines[2].partition(": ")[0]))
+    return out
+
+
+def served_answers(files: Sequence[Path], out: Path) -> dict[str, dict[str, list[Labelled]]]:
+    """Each file's `diarized_json` segments and srt cues (`diarize=true`) from a launched app's HTTP API."""
+    import httpx
+
+    from .stream import _launch
+
+    app, port = _launch(2, log=out / "speakers-app.log")
+
+    def post(path: Path, **fields: str) -> httpx.Response:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/audio/transcriptions", data=fields, timeout=600,
+                       files={"file": (path.name, path.read_bytes(), "audio/flac")})
+        r.raise_for_status()
+        return r
+
+    answers: dict[str, dict[str, list[Labelled]]] = {}
+    try:
+        for path in files:
+            doc = post(path, response_format="diarized_json").json()
+            answers[path.stem] = {
+                "api": [(s["start"], s["end"], s["speaker"]) for s in doc["segments"]],
+                "srt": srt_turns(post(path, response_format="srt", diarize="true").text)}
+    finally:
+        app.terminate()
+        app.wait(30)
+    return answers
 
 
 def pooled(rows: Sequence[dict], key: str) -> float:
@@ -137,43 +187,60 @@ def pooled(rows: Sequence[dict], key: str) -> float:
     return sum(r[key]["der"] * r[key]["scored_s"] for r in rows) / max(total, 1e-9)
 
 
+KINDS = ("api", "srt", "offline", "live", "one")
+"""The hypotheses scored: `diarized_json`, srt with speakers, the layer's turns offline and live, one speaker."""
+NAMES = {"api": "API diarized_json", "srt": "API srt (diarize=true)", "offline": "speaker layer, offline",
+         "live": "speaker layer, live", "one": "everything one speaker"}
+
+
+def _count(rows: Sequence[dict], kind: str) -> dict[str, int]:
+    off = [abs(r[f"found_{kind}"] - r["speakers"]) for r in rows]
+    return {"exact": sum(d == 0 for d in off), "one_off": sum(d == 1 for d in off), "more": sum(d > 1 for d in off)}
+
+
 def bench_speakers(args: argparse.Namespace) -> dict:
     files = sorted(Path(args.dir).glob("*.flac"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    answers = served_answers(files, out)
     diarizer = Diarizer()
-    rows = [diarize_file(diarizer, f) for f in files]
-    summary = {k: round(100 * pooled(rows, k), 1) for k in
-               ("offline", "offline_no_overlap", "live", "live_no_overlap", "one", "one_no_overlap")}
-    summary["count_exact_offline"] = sum(r["found_offline"] == r["speakers"] for r in rows)
-    summary["count_exact_live"] = sum(r["found_live"] == r["speakers"] for r in rows)
+    rows = [diarize_file(diarizer, f, answers[f.stem]) for f in files]
+    summary: dict[str, object] = {k: round(100 * pooled(rows, k), 1) for kind in KINDS
+                                  for k in (kind, f"{kind}_no_overlap")}
+    for kind in KINDS[:-1]:
+        summary[f"count_{kind}"] = _count(rows, kind)
+    summary["false_alarm_api"] = round(100 * sum(r["api_no_overlap"]["false_alarm"] * r["api_no_overlap"]["scored_s"]
+                                                 for r in rows) / max(sum(r["api_no_overlap"]["scored_s"]
+                                                                          for r in rows), 1e-9), 1)
     summary["files"] = len(rows)
     summary["minutes"] = round(sum(r["seconds"] for r in rows) / 60, 1)
     summary["offline_cost_per_s"] = round(statistics.median(r["offline_cost"] for r in rows), 4)
     summary["live_cost_per_s"] = round(statistics.median(r["live_cost"] for r in rows), 4)
     doc = {"summary": summary, "files": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "bench-speakers.json").write_text(json.dumps(doc, indent=1))
-    lines = ["| file | s | speakers | found offline / live | DER offline | no overlap | DER live | no overlap | "
-             "one speaker | no overlap |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| | DER | without overlapped speech | speaker count exact / one off / more |", "|---|---|---|---|"]
+    for kind in KINDS:
+        count = summary.get(f"count_{kind}")
+        counted = f"{count['exact']} / {count['one_off']} / {count['more']}" if isinstance(count, dict) else ""
+        lines.append(f"| {NAMES[kind]} | {summary[kind]} % | {summary[f'{kind}_no_overlap']} % | {counted} |")
+    lines += ["", "| file | s | speakers | found: API / offline / live | "
+              + " | ".join(f"{k} | no overlap" for k in ("API", "srt", "offline", "live", "one speaker")) + " |",
+              "|---|---|---|---|" + "---|" * 10]
     for r in rows:
-        lines.append(f"| {r['file']} | {r['seconds']} | {r['speakers']} | {r['found_offline']} / {r['found_live']} "
-                     + "".join(f"| {100 * r[k]['der']:.1f} % " for k in
-                               ("offline", "offline_no_overlap", "live", "live_no_overlap", "one",
-                                "one_no_overlap")) + "|")
-    lines.append(f"| **all** | {summary['minutes']} min | | exact {summary['count_exact_offline']} / "
-                 f"{summary['count_exact_live']} of {len(rows)} "
-                 + "".join(f"| **{summary[k]} %** " for k in
-                           ("offline", "offline_no_overlap", "live", "live_no_overlap", "one", "one_no_overlap"))
-                 + "|")
+        lines.append(f"| {r['file']} | {r['seconds']} | {r['speakers']} | "
+                     f"{r['found_api']} / {r['found_offline']} / {r['found_live']} "
+                     + "".join(f"| {100 * r[k]['der']:.1f} % | {100 * r[f'{k}_no_overlap']['der']:.1f} % "
+                               for k in KINDS) + "|")
     table = "\n".join(lines)
     (out / "bench-speakers.md").write_text(table + "\n")
     print(table)
-    print(f"cost per second of audio: offline {summary['offline_cost_per_s'] * 1000:.0f} ms, "
-          f"live {summary['live_cost_per_s'] * 1000:.0f} ms")
+    print(f"API diarized_json false alarm (no overlap): {summary['false_alarm_api']} %; cost per second of audio: "
+          f"offline {summary['offline_cost_per_s'] * 1000:.0f} ms, live {summary['live_cost_per_s'] * 1000:.0f} ms")
     return doc
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("speakers", help="speaker labels: DER offline and live against RTTM references")
+    p = sub.add_parser("speakers", help="speaker labels: DER of the API's answers and of the speaker layer (offline "
+                                        "and live) against RTTM references")
     p.add_argument("--dir", default="tests/data/speakers", help="FLAC files, each with an RTTM of the same name")
     p.add_argument("--out", default="bench-out")
