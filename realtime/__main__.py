@@ -51,7 +51,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             try:
                 entries = await transcribe_file(
                     path, engine, settings.vad_config(), options, window_s=window,
-                    on_segment=lambda end, into=speech: into.extend(labels.speech_spans(end)))
+                    on_segment=lambda end, into=speech: into.extend(labels.speech_spans(end, settings.vad_config())))
                 if diarizer is not None:
                     diarization = await asyncio.to_thread(labels.diarize_file, diarizer, path, speech, references)
                     entries = [dataclasses.replace(e, words=()) for e in labels.label(entries, diarization)]

@@ -30,14 +30,16 @@ import soundfile as sf
 from openai import OpenAI
 from short_conversation import short_conversation
 
-from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.bench.speakers import bench_speakers, der, read_rttm
-from realtime.config import Settings
+from realtime.audio import SAMPLE_RATE, decode_file, iter_file
+from realtime.bench.speakers import bench_speakers, der, padded, read_rttm
+from realtime.config import Settings, VADConfig
 from realtime.engines.types import Word
-from realtime.live import labels
+from realtime.live import coverage, labels
 from realtime.live import transcript as fmt
 from realtime.live.service import TranscriptionService
+from realtime.live.transcribe import Window
 from realtime.live.transcript import Entry
+from realtime.live.vad import SegmentEnd, Segmenter
 from realtime.speakers import Diarization, LiveSpeakers, Turn, speaker_windows
 
 from conftest import ROOT, App
@@ -125,26 +127,46 @@ def test_an_entry_spoken_by_two_is_cut_at_the_change_and_words_follow_their_turn
     entries = labels.label([Entry(0, 0.2, 3.5, "Hello there. Hi Alice.", words=words),
                             Entry(1, 5.0, 6.0, "Bye.")], diarization)
     assert [(e.speaker, e.text, e.start, e.end) for e in entries] == [
-        ("A", "Hello there.", 0.2, 1.5), ("Bob", "Hi Alice.", 2.3, 3.5), ("Bob", "Bye.", 5.0, 6.0)]
+        ("A", "Hello there.", 0.0, 2.0), ("Bob", "Hi Alice.", 2.0, 4.0), ("Bob", "Bye.", 5.0, 6.0)]
     assert [s["speaker"] for s in labels.diarized_segments(entries)] == ["A", "Bob", "Bob"]
     assert "\nA: Hello there.\n" in fmt.to_srt(entries) and "<v Bob>Hi Alice." in fmt.to_vtt(entries)
     assert '"speaker": "Bob"' in fmt.to_json(entries)
 
 
 @pytest.mark.fast
-def test_a_labelled_entry_is_timed_by_its_words_and_cut_at_a_long_pause():
-    """Issue 39: a Whisper piece from 4.5 s to 29.4 s over four short replies and silence between them became one
-    segment of 25 s. Each run of words is its own entry, from its first word's start to its last word's end."""
-    diarization = Diarization([Turn(4.0, 30.0, 0)], np.zeros((1, 2)))
+def test_a_labelled_entry_is_timed_by_the_speech_of_its_words_and_never_spans_silence():
+    """Issue 39: a Whisper piece from 4.5 s to 29.4 s over four short replies and the silence between them was one
+    segment of 25 s. Each run of words is its own entry, from the start of the speech (turn) its first word is in to
+    the end of the one its last word is in; a word aligned over the silence after its speech is cut to it."""
+    turns = [Turn(4.4, 5.5, 0), Turn(11.8, 12.6, 0), Turn(27.3, 29.0, 0)]
+    diarization = Diarization(turns, np.zeros((1, 2)))
     words = (Word(4.6, 4.9, " No.", 1.0), Word(5.0, 5.3, " No.", 1.0), Word(12.0, 12.4, " Yeah.", 1.0),
              Word(27.5, 27.8, " To", 1.0), Word(27.8, 28.0, " take", 1.0), Word(28.0, 28.3, " notes", 1.0),
              Word(28.3, 28.8, " today.", 1.0))
     entries = labels.label([Entry(0, 4.5, 29.4, "No. No. Yeah. To take notes today.", words=words)], diarization)
     assert [(e.text, e.start, e.end) for e in entries] == [
-        ("No. No.", 4.6, 5.3), ("Yeah.", 12.0, 12.4), ("To take notes today.", 27.5, 28.8)]
-    assert all(b.start - a.end < labels.TURN_PAUSE_S for e in entries for a, b in itertools.pairwise(e.words))
-    one = labels.label([Entry(0, 0.0, 9.0, "Hello there.", words=words[:2])], diarization)
-    assert [(e.text, e.start, e.end) for e in one] == [("Hello there.", 4.6, 5.3)], "one run keeps its text"
+        ("No. No.", 4.4, 5.5), ("Yeah.", 11.8, 12.6), ("To take notes today.", 27.3, 29.0)]
+    stretched = (Word(7.0, 10.9, " a", 1.0), Word(10.9, 15.6, " link.", 1.0), Word(16.1, 16.6, " Yes.", 1.0))
+    two = Diarization([Turn(6.9, 11.8, 0), Turn(15.4, 16.5, 1)], np.zeros((2, 2)))
+    cut = labels.label([Entry(0, 6.9, 16.6, "a link. Yes.", words=stretched)], two)
+    assert [(e.speaker, e.text, e.start, e.end) for e in cut] == [("A", "a link.", 6.9, 11.8),
+                                                                   ("B", "Yes.", 15.4, 16.5)]
+    assert cut[0].words[-1].end == 11.8, "the word ends with its speech"
+    one = labels.label([Entry(0, 0.0, 9.0, "No, no.", words=words[:2])], diarization)
+    assert [(e.text, e.start, e.end) for e in one] == [("No, no.", 4.4, 5.5)], "a single run keeps its text"
+
+
+@pytest.mark.fast
+def test_the_speaker_model_hears_the_vad_s_speech_not_a_window_s_context():
+    """A short segment packed with the recording after it (speech the VAD did not hear) gave the speaker model 6 s
+    of that recording as speech: turns over it, and false alarm wherever the words were. Only each segment's speech
+    with the VAD's padding is windowed."""
+    audio = np.zeros(9 * SAMPLE_RATE, np.float32)
+    window = Window(0, 10.2, 21.5, audio, False, 10.0, ((0.0, 10.0), (3.0, 20.0)),
+                    speech=((0.2, 2.8), (3.5, 4.5)))
+    spans = labels.speech_spans(window, VADConfig(pad_before_ms=200, pad_after_ms=200))
+    assert spans == [pytest.approx((10.0, 13.0)), pytest.approx((20.3, 21.7))]
+    assert labels.speech_spans(window) == spans, "the app's default padding"
 
 
 # -- the speaker model on real voices ----------------------------------------------------------------------------
@@ -199,14 +221,14 @@ def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp
     """The AMI excerpts (tests/data/speakers): DER without overlapped speech, pooled over the files, within the
     issue's bounds (offline 15 %, live 22 %) give or take a margin for the CPU's floating point, and each well
     under the floor of everything one speaker, which shares the same missed speech."""
-    doc = bench_speakers(argparse.Namespace(dir=str(DATA / "speakers"), out=str(tmp_path)))
+    doc = bench_speakers(argparse.Namespace(dir=str(DATA / "speakers"), out=str(tmp_path), layer_only=True))
     summary = doc["summary"]
     assert summary["files"] >= 13 and summary["minutes"] >= 6
     assert summary["offline_no_overlap"] <= 17 and summary["live_no_overlap"] <= 22, summary
     assert summary["offline_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["live_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["offline"] < summary["one"] and summary["live"] < summary["one"], summary
-    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == summary["files"] + 3
+    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == (2 + 3) + 1 + (2 + summary["files"])
 
 
 def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conversation):
@@ -285,22 +307,43 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app: App, short: Con
         assert r.status_code == 200, r.text
         return r
 
-    verbose = post(response_format="verbose_json", diarize="true", **{"timestamp_granularities[]": "word"}).json()
+    verbose = post(response_format="verbose_json", diarize="true").json()
     assert {s["speaker"] for s in verbose["segments"]} == {"A", "B", "C", "D"}
     said: dict[str, str] = {}
     for seg in verbose["segments"]:
         truth = voice_of(short, seg["start"], seg["end"])
         assert said.setdefault(truth, seg["speaker"]) == seg["speaker"], (seg, truth)
-        # a labelled segment is timed by its words and holds no silence of TURN_PAUSE_S that no word covers
-        mine = [w for w in verbose["words"] if seg["start"] - 0.01 <= (w["start"] + w["end"]) / 2 <= seg["end"] + 0.01]
-        assert mine and mine[0]["start"] == pytest.approx(seg["start"], abs=0.01), (seg, mine)
-        assert mine[-1]["end"] == pytest.approx(seg["end"], abs=0.01), (seg, mine)
-        assert all(b["start"] - a["end"] < labels.TURN_PAUSE_S for a, b in itertools.pairwise(mine)), (seg, mine)
     srt = post(response_format="srt", diarize="true").text
     assert srt.count("\nA: ") >= 2
     assert all(text.partition(": ")[0] == said[voice_of(short, a, b)] for a, b, text in srt_cues(srt)), srt
     assert "<v B>" in post(response_format="vtt", diarize="true").text
     assert "speaker" not in str(post(response_format="verbose_json").json()["segments"])
+
+
+@pytest.mark.parametrize("name", ["ami-ES2003b-0-30s", "ami-EN2003a-0-30s"])
+def test_diarized_json_and_srt_segments_hold_speech_not_silence_on_real_meetings(app: App, name: str) -> None:
+    """Issue 39: no diarized_json or srt segment holds 1 s or more that neither the file path's VAD (faint speech
+    included) heard as speech nor a word covers. A word covers at most a second of its time: alignment may stretch
+    a last word over the pause after it, as in ES2003b, whose segment ran 3.4 s into silence over "link.". EN2003a
+    has words in the recording around short segments, which the VAD did not hear."""
+    path = DATA / "speakers" / f"{name}.flac"
+    segmenter = Segmenter(VADConfig(), faint=True)
+    cut = [e for chunk in iter_file(path) for e in segmenter.feed(chunk)] + segmenter.flush()
+    speech = [padded(e) for e in cut if isinstance(e, SegmentEnd)]
+
+    def post(**fields: str) -> httpx.Response:
+        r = httpx.post(app.url + "/v1/audio/transcriptions", data=fields, timeout=300,
+                       files={"file": (path.name, path.read_bytes(), "audio/flac")})
+        assert r.status_code == 200, r.text
+        return r
+
+    verbose = post(response_format="verbose_json", diarize="true", **{"timestamp_granularities[]": "word"}).json()
+    heard = speech + [(w["start"], min(w["end"], w["start"] + 1.0)) for w in verbose["words"]]
+    segments = [(s["start"], s["end"]) for s in verbose["segments"]]
+    cues = [(a, b) for a, b, _ in srt_cues(post(response_format="srt", diarize="true").text)]
+    assert segments and cues
+    for span in segments + cues:
+        assert coverage.longest_gap(span, heard, reach=0.0) < labels.TURN_PAUSE_S, (span, speech)
 
 
 @pytest.mark.parametrize("fields, code", [

@@ -247,7 +247,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         try:
             async for end, result, found in results(path, options, segments):
                 language = language or result.language
-                speech += labels.speech_spans(end)
+                speech += labels.speech_spans(end, settings.vad_config())
                 for entry in _with_words(end, result, found):
                     words += [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in entry.words]
                     if not entry.text:

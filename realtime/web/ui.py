@@ -249,7 +249,7 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
         async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
             done += 1
             covered = max(covered, end.end)
-            speech += labels.speech_spans(end)
+            speech += labels.speech_spans(end, settings.vad_config())
             if isinstance(result, BaseException):
                 new = [Entry(len(entries), end.start, end.end, f"transcription failed: {result}", kind="error")]
             else:
