@@ -320,13 +320,11 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app: App, short: Con
     assert "speaker" not in str(post(response_format="verbose_json").json()["segments"])
 
 
-@pytest.mark.parametrize("name", ["ami-ES2003b-0-30s", "ami-EN2003a-0-30s"])
-def test_diarized_json_and_srt_segments_hold_speech_not_silence_on_real_meetings(app: App, name: str) -> None:
+def test_diarized_json_and_srt_segments_hold_speech_not_silence_on_a_real_meeting(app: App) -> None:
     """Issue 39: no diarized_json or srt segment holds 1 s or more that neither the file path's VAD (faint speech
     included) heard as speech nor a word covers. A word covers at most a second of its time: alignment may stretch
-    a last word over the pause after it, as in ES2003b, whose segment ran 3.4 s into silence over "link.". EN2003a
-    has words in the recording around short segments, which the VAD did not hear."""
-    path = DATA / "speakers" / f"{name}.flac"
+    a last word over the pause after it, as in this meeting, whose segment ran 3.4 s into silence over "link."."""
+    path = DATA / "speakers" / "ami-ES2003b-0-30s.flac"
     segmenter = Segmenter(VADConfig(), faint=True)
     cut = [e for chunk in iter_file(path) for e in segmenter.feed(chunk)] + segmenter.flush()
     speech = [padded(e) for e in cut if isinstance(e, SegmentEnd)]
