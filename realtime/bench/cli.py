@@ -30,6 +30,9 @@ def main(argv: list[str]) -> int:
     f.add_argument("--seed", type=int, help="with --random: the first compilation's seed (default: from the clock)")
     f.add_argument("--served", action="store_true", help="with --random: also a launched app's HTTP API (json, "
                                                           "verbose_json, SSE) and a remote engine sending to it")
+    f.add_argument("--engines", default="", help="with --random: comma-separated engines also served by a launched "
+                                                 "app: 'vllm' (its HTTP API's json on the vLLM engine), 'pool' (a "
+                                                 "remote engine sending to a Ray Serve engine pool)")
     f.add_argument("--model", help="tiny.en (default: the bundled one), base (multilingual, from its packages) or a "
                                    "CTranslate2 directory")
     f.add_argument("--compute-type", help="default: int8 for tiny.en, float32 for base")

@@ -2,11 +2,11 @@
 
 N random compilations of a manifest's clips (`corpus.random_compilation`, seeds from `--seed` on), each transcribed
 by the file path's text and timed decodes (with `--served`, also a launched app's HTTP API: json, verbose_json,
-SSE, and the remote engine of a second app sending its windows to the first) and by faster-whisper's `transcribe`
-on the same weights. A stretch of 5 or more words that a
-pipeline writes for a clip posted alone and leaves out of its answer for the compilation is lost
-(`corpus.lost_speech`: against that pipeline's own readings of the clips alone, numbers normalised alike). Beside the
-lost stretches: WER against the manifest's texts and RTFx over all the compilations.
+SSE, and the remote engine of a second app sending its windows to the first; with `--engines`, an app on the vLLM
+engine and a remote engine sending to a Ray Serve pool) and by faster-whisper's `transcribe` on the same weights.
+A stretch of 5 or more words that a pipeline writes for a clip posted alone and leaves out of its answer for the
+compilation is lost (`corpus.lost_speech`: against that pipeline's own readings of the clips alone, numbers
+normalised alike). Beside the lost stretches: WER against the manifest's texts and RTFx over all the compilations.
 """
 
 from __future__ import annotations
@@ -77,6 +77,64 @@ def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], N
     }, stop
 
 
+def _engines(names: list[str], out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], None]]:
+    """The other engines a launched app serves: 'vllm', the HTTP API's json on `--engine vllm`; 'pool', a remote
+    engine sending to a Ray Serve engine pool (`python -m realtime pool`, one replica); and a function that stops
+    them."""
+    import os
+    import signal
+    import subprocess
+
+    import httpx
+
+    from .common import ROOT, _free_port
+    from .stream import _launch
+
+    procs: list[subprocess.Popen[bytes]] = []
+    runs: dict[str, Callable[[Path], str]] = {}
+
+    def post(at: int, path: Path) -> str:
+        r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data={"response_format": "json"},
+                       timeout=900, files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
+        r.raise_for_status()
+        return str(r.json()["text"])
+
+    def stop() -> None:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    try:
+        if "vllm" in names:
+            app, port = _launch(4, "--engine", "vllm", log=out / "vllm-app.log")
+            procs.append(app)
+            runs["vLLM engine (HTTP json)"] = lambda p, at=port: post(at, p)
+        if "pool" in names:
+            pool_port, log = _free_port(), out / "pool.log"
+            env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+            with log.open("wb") as sink:
+                procs.append(subprocess.Popen([sys.executable, "-m", "realtime", "pool", "--replicas", "1",
+                                               "--port", str(pool_port)], cwd=ROOT, env=env, stdout=sink,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+            deadline = time.monotonic() + 300
+            while "pool ready" not in log.read_text(errors="replace"):
+                if procs[-1].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the pool did not start (see {log})")
+                time.sleep(0.5)
+            front, front_port = _launch(4, "--engine", "remote", "--remote-url",
+                                        f"http://127.0.0.1:{pool_port}/v1/audio/transcriptions", "--remote-timeout",
+                                        "600", log=out / "pool-front.log")
+            procs.append(front)
+            runs["remote engine to a Ray Serve pool (json)"] = lambda p, at=front_port: post(at, p)
+    except BaseException:
+        stop()
+        raise
+    return runs, stop
+
+
 def lost_anywhere(doc: dict[str, Any]) -> bool:
     """Whether a run (`bench_random`'s document) lost speech in any pipeline of this app, in process or served
     (faster-whisper's, beside them for comparison, does not count)."""
@@ -93,10 +151,16 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     model_dir, model_name, compute_type, language = _bench_model(args.model, args.compute_type, out / "models")
     only = [o.strip().lower() for o in args.only.split(",")] if args.only else None
     pipelines = _pipelines(model_dir, compute_type, language, only)
-    stop: Callable[[], None] = lambda: None  # noqa: E731
+    stops: list[Callable[[], None]] = []
     if args.served:
         served, stop = _served(out)
         pipelines.update(served)
+        stops.append(stop)
+    engines = [e.strip().lower() for e in (getattr(args, "engines", "") or "").split(",") if e.strip()]
+    if engines:
+        more, stop = _engines(engines, out)
+        pipelines.update(more)
+        stops.append(stop)
     first = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"random compilations: seeds {first} to {first + args.random - 1}", file=sys.stderr, flush=True)
     alone: dict[str, dict[str, str]] = {name: {} for name in pipelines}
@@ -105,7 +169,8 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     refs: list[str] = []
     seconds = 0.0
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        stack.callback(stop)
+        for stop in stops:
+            stack.callback(stop)
         for seed in range(first, first + args.random):
             comp = random_compilation(clips, Path(tmp) / f"compilation-{seed}.wav", seed)
             seconds += decode_file(comp.path).size / SAMPLE_RATE
