@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import tempfile
 import time
@@ -82,7 +83,6 @@ def _engines(names: list[str], out: Path) -> tuple[dict[str, Callable[[Path], st
     engine sending to a Ray Serve engine pool (`python -m realtime pool`, one replica); and a function that stops
     them."""
     import os
-    import signal
     import subprocess
 
     import httpx
@@ -146,6 +146,8 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # a run stopped with SIGTERM stops the apps and the pool it launched on its way out, as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     manifest = Path(args.audio if args.audio and args.audio.endswith(".tsv") else "tests/data/manifest.tsv")
     clips = read_manifest(manifest, longest=LONGEST_CLIP_S)
     model_dir, model_name, compute_type, language = _bench_model(args.model, args.compute_type, out / "models")
