@@ -82,6 +82,22 @@ def test_a_word_across_two_segments_was_stretched_over_speech_the_decode_skipped
     assert coverage.stretched([(0.2, 2.6), (3.0, 5.3), (19.9, 22.2), (22.6, 24.4)], whole) == [0, 1, 2, 3]
 
 
+def test_a_decode_that_stopped_inside_the_segment_before_a_skipped_one_makes_it_suspect():
+    """Seed 7102 of `bench file --random`: two clips with a pause the VAD did not cut at made one segment; the decode
+    read the first ("A thin stripe runs down the middle.") and stopped, skipping the second clip and the next two
+    segments. The first segment looked covered (a 1.6 s gap, 7 words in 4.5 s), but its last second has no text
+    and the segment after it none at all: it goes back with them."""
+    speech = [(0.2, 4.7), (5.1, 6.3), (6.7, 12.1)]
+    said = [(0.0, 0.5), (0.5, 1.0), (1.0, 1.4), (1.4, 1.9), (1.9, 2.3), (2.3, 2.4), (2.4, 2.7)]
+    assert coverage.uncovered(speech, said) == [1, 2]
+    assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2]
+    spoken = [*said, (2.9, 3.3), (3.4, 3.9), (4.0, 4.6)]  # the second sentence read: its edge has text
+    assert coverage.unaccounted(speech, spoken, words=True) == [1, 2]
+    assert coverage.bare_edge((6.7, 12.1), [(7.0, 8.0)], at_end=False) is False
+    assert coverage.bare_edge((6.7, 12.1), [(8.5, 9.0)], at_end=False) is True
+    assert coverage.bare_edge((0.0, 0.9), [], at_end=True) is False, "a short segment is judged by its gaps"
+
+
 def test_a_long_segment_whose_text_stops_halfway_is_uncovered():
     assert coverage.uncovered([(0.0, 12.0)], [(0.1, 5.0)]) == [0]
     spoken = [(0.1 + 0.4 * k, 0.4 + 0.4 * k) for k in range(12)] + [(5.2 + 0.4 * k, 5.5 + 0.4 * k) for k in range(15)]

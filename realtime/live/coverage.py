@@ -39,6 +39,9 @@ MIN_WORDS_PER_S = 1.0
 """Fewer words than this per second of a segment's speech is text too short for it."""
 SPARSE_SPEECH_S = 1.0
 """Segments with less speech than this are judged by their gaps alone (a word or two is a whole answer)."""
+EDGE_S = 1.0
+"""A segment beside an uncovered one whose last (or first) this many seconds of speech, at that side, have no text
+is suspect: the decode stopped (or started again) inside it."""
 STRETCH_S = 0.3
 """A word whose time reaches this far into the speech of two segments was stretched over them by alignment."""
 REACH_S = 0.4
@@ -121,17 +124,32 @@ def words_in(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> int
 
 
 def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[int]) -> list[int]:
-    """`missing` (uncovered segments of a packed window) with the neighbours of each one that holds words, and the
-    segments too brief to be judged by their speech that got no word. Words over a segment that is not covered were
+    """`missing` (uncovered segments of a packed window) with the neighbours of each one that holds words, the
+    neighbours whose speech has no text over its last (before) or first (after) `EDGE_S` seconds, and the segments
+    too brief to be judged by their speech that got no word. Words over a segment that is not covered were
     stretched there from a sentence beside it, and the decode may have skipped that sentence's first or last words
-    too; the VAD may hear a fraction of a second of a voice it does not know (a falsetto) whose phrase is in the
-    audio around it."""
+    too; a decode that stopped early may have stopped inside the segment before, a sentence short of its end (two
+    sentences with a pause the VAD did not cut at); the VAD may hear a fraction of a second of a voice it does not
+    know (a falsetto) whose phrase is in the audio around it."""
     out = set(missing) | {i for i, span in enumerate(speech) if span[1] - span[0] < MIN_SPEECH_S
                           and not words_in(span, covered, reach=0.0)}
     for i in missing:
         if words_in(speech[i], covered):
             out |= {j for j in (i - 1, i + 1) if 0 <= j < len(speech)}
+        if i > 0 and bare_edge(speech[i - 1], covered, at_end=True):
+            out.add(i - 1)
+        if i + 1 < len(speech) and bare_edge(speech[i + 1], covered, at_end=False):
+            out.add(i + 1)
     return sorted(out)
+
+
+def bare_edge(span: Span, covered: Sequence[Span], at_end: bool) -> bool:
+    """Whether the last (`at_end`) or first `EDGE_S` seconds of a longer stretch of speech have no text over them."""
+    start, end = span
+    if end - start <= EDGE_S:
+        return False
+    edge = (end - EDGE_S, end) if at_end else (start, start + EDGE_S)
+    return longest_gap(edge, covered) >= EDGE_S - 1e-6
 
 
 def stretched(speech: Sequence[Span], words: Sequence[Span]) -> list[int]:
@@ -168,6 +186,7 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
     return out
 
 
-__all__ = ["GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "STRETCH_S",
-           "Span", "check_options", "checkable", "longest_gap", "piece_timing", "redecode_options", "stretched",
-           "suspect", "timing", "unaccounted", "uncovered", "window_options", "words_in"]
+__all__ = ["EDGE_S", "GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S",
+           "STRETCH_S", "Span", "bare_edge", "check_options", "checkable", "longest_gap", "piece_timing",
+           "redecode_options", "stretched", "suspect", "timing", "unaccounted", "uncovered", "window_options",
+           "words_in"]
