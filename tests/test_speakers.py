@@ -31,7 +31,7 @@ from openai import OpenAI
 from short_conversation import short_conversation
 
 from realtime.audio import SAMPLE_RATE, decode_file, iter_file
-from realtime.bench.speakers import bench_speakers, der, padded, read_rttm
+from realtime.bench.speakers import bench_speakers, der, padded, read_rttm, srt_cues
 from realtime.config import Settings, VADConfig
 from realtime.engines.types import Word
 from realtime.live import coverage, labels
@@ -367,19 +367,6 @@ def test_a_reference_that_is_not_a_short_clip_gets_400(app: App, short: Conversa
                        data={"response_format": "diarized_json", "known_speaker_names[]": "a",
                              "known_speaker_references[]": url})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_speaker_reference", r.text
-
-
-def srt_cues(srt: str) -> list[tuple[float, float, str]]:
-    def seconds(stamp: str) -> float:
-        h, m, s = stamp.replace(",", ".").split(":")
-        return int(h) * 3600 + int(m) * 60 + float(s)
-
-    cues = []
-    for block in srt.strip().split("\n\n"):
-        _, times, *text = block.splitlines()
-        a, b = times.split(" --> ")
-        cues.append((seconds(a), seconds(b), " ".join(text)))
-    return cues
 
 
 def test_the_transcribe_command_labels_and_names_speakers(short: Conversation, tmp_path: Path) -> None:

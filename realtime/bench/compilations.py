@@ -38,12 +38,20 @@ def _pipelines(model_dir: str, compute_type: str, language: str | None,
             and (only is None or k.startswith("faster-whisper") or any(k.lower().startswith(o) for o in only))}
 
 
+def _post(at: int, path: Path, **fields: str) -> Any:
+    """A file posted to the transcription API of the app on loopback port `at` (an `httpx.Response`, checked)."""
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data=fields, timeout=900,
+                   files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
+    r.raise_for_status()
+    return r
+
+
 def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], None]]:
     """The paths of a launched app (embedded engine) over HTTP: `json`, `verbose_json` and SSE (`stream=true`), and
     a second app whose remote engine sends its windows to the first (`json`); and a function that stops both."""
     import json
-
-    import httpx
 
     from .stream import _launch
 
@@ -52,14 +60,8 @@ def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], N
                                 f"http://127.0.0.1:{port}/v1/audio/transcriptions", "--remote-timeout", "600",
                                 log=out / "front.log")
 
-    def post(at: int, path: Path, **fields: str) -> httpx.Response:
-        r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data=fields, timeout=900,
-                       files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
-        r.raise_for_status()
-        return r
-
     def sse(path: Path) -> str:
-        for line in post(port, path, response_format="json", stream="true").text.splitlines():
+        for line in _post(port, path, response_format="json", stream="true").text.splitlines():
             if line.startswith("data: ") and (doc := json.loads(line[6:])).get("type") == "transcript.text.done":
                 return str(doc["text"])
         raise RuntimeError("the stream ended without transcript.text.done")
@@ -70,11 +72,11 @@ def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], N
             proc.wait(30)
 
     return {
-        "HTTP json": lambda p: str(post(port, p, response_format="json").json()["text"]),
-        "HTTP verbose_json": lambda p: str(post(port, p, response_format="verbose_json").json()["text"]),
+        "HTTP json": lambda p: str(_post(port, p, response_format="json").json()["text"]),
+        "HTTP verbose_json": lambda p: str(_post(port, p, response_format="verbose_json").json()["text"]),
         "HTTP SSE (stream=true)": sse,
-        "remote engine to another instance (json)": lambda p: str(post(front_port, p,
-                                                                        response_format="json").json()["text"]),
+        "remote engine to another instance (json)": lambda p: str(_post(front_port, p,
+                                                                         response_format="json").json()["text"]),
     }, stop
 
 
@@ -82,53 +84,38 @@ def _engines(names: list[str], out: Path) -> tuple[dict[str, Callable[[Path], st
     """The other engines a launched app serves: 'vllm', the HTTP API's json on `--engine vllm`; 'pool', a remote
     engine sending to a Ray Serve engine pool (`python -m realtime pool`, one replica); and a function that stops
     them."""
-    import os
     import subprocess
 
-    import httpx
-
-    from .common import ROOT, _free_port
+    from .pool import _Pool
     from .stream import _launch
 
-    procs: list[subprocess.Popen[bytes]] = []
+    apps: list[subprocess.Popen[bytes]] = []
+    pools: list[_Pool] = []
     runs: dict[str, Callable[[Path], str]] = {}
 
-    def post(at: int, path: Path) -> str:
-        r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data={"response_format": "json"},
-                       timeout=900, files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
-        r.raise_for_status()
-        return str(r.json()["text"])
+    def text(at: int, path: Path) -> str:
+        return str(_post(at, path, response_format="json").json()["text"])
 
     def stop() -> None:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for proc in reversed(apps):
+            proc.terminate()
+            proc.wait(60)
+        for pool in pools:
+            pool.stop()
 
     try:
         if "vllm" in names:
             app, port = _launch(4, "--engine", "vllm", log=out / "vllm-app.log")
-            procs.append(app)
-            runs["vLLM engine (HTTP json)"] = lambda p, at=port: post(at, p)
+            apps.append(app)
+            runs["vLLM engine (HTTP json)"] = lambda p, at=port: text(at, p)
         if "pool" in names:
-            pool_port, log = _free_port(), out / "pool.log"
-            env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-            with log.open("wb") as sink:
-                procs.append(subprocess.Popen([sys.executable, "-m", "realtime", "pool", "--replicas", "1",
-                                               "--port", str(pool_port)], cwd=ROOT, env=env, stdout=sink,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
-            deadline = time.monotonic() + 300
-            while "pool ready" not in log.read_text(errors="replace"):
-                if procs[-1].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the pool did not start (see {log})")
-                time.sleep(0.5)
-            front, front_port = _launch(4, "--engine", "remote", "--remote-url",
-                                        f"http://127.0.0.1:{pool_port}/v1/audio/transcriptions", "--remote-timeout",
+            pools.append(pool := _Pool("1:1", 1.0, time.monotonic(), out / "pool.log", cpu_threads=None))
+            if not pool.ready.wait(300):
+                raise RuntimeError(f"the pool did not start (see {out / 'pool.log'})")
+            front, front_port = _launch(4, "--engine", "remote", "--remote-url", pool.route, "--remote-timeout",
                                         "600", log=out / "pool-front.log")
-            procs.append(front)
-            runs["remote engine to a Ray Serve pool (json)"] = lambda p, at=front_port: post(at, p)
+            apps.append(front)
+            runs["remote engine to a Ray Serve pool (json)"] = lambda p, at=front_port: text(at, p)
     except BaseException:
         stop()
         raise

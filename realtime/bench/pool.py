@@ -33,7 +33,7 @@ _REPLICAS = re.compile(r"^replicas: (\d+) at")
 class _Pool:
     """The pool's process; a thread reads its output and notes each replica count it prints, with the time."""
 
-    def __init__(self, autoscale: str, target: float, t0: float, log: Path) -> None:
+    def __init__(self, autoscale: str, target: float, t0: float, log: Path, cpu_threads: int | None = 1) -> None:
         self.port = _free_port()
         self.t0 = t0
         self.counts: list[tuple[float, int]] = []
@@ -41,7 +41,8 @@ class _Pool:
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "realtime", "pool", "--autoscale", autoscale, "--target-ongoing-requests",
-             str(target), "--cpu-threads", "1", "--port", str(self.port), "--log-level", "WARNING"],
+             str(target), *(["--cpu-threads", str(cpu_threads)] if cpu_threads else []), "--port", str(self.port),
+             "--log-level", "WARNING"],
             cwd=ROOT, env={**_env(), "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()

@@ -138,20 +138,23 @@ def diarize_file(diarizer: Diarizer, path: str | Path,
     return row
 
 
-def srt_turns(srt: str) -> list[Labelled]:
-    """An srt answer's cues with their speakers ("A: ..." starts a labelled cue)."""
+def srt_cues(srt: str) -> list[tuple[float, float, str]]:
+    """An srt answer's cues: (start, end, text), the text's lines joined."""
     def seconds(stamp: str) -> float:
         h, m, sec = stamp.replace(",", ".").split(":")
         return int(h) * 3600 + int(m) * 60 + float(sec)
 
     out = []
-    for block in srt.strip().split("\n\n"):
-        lines = block.splitlines()
-        if len(lines) < 3 or " --> " not in lines[1]:
-            continue
-        a, b = lines[1].split(" --> ")
-        out.append((seconds(a), seconds(b), lines[2].partition(": ")[0]))
+    for block in srt.strip().split("\n\n") if srt.strip() else []:
+        _, times, *text = block.splitlines()
+        a, b = times.split(" --> ")
+        out.append((seconds(a), seconds(b), " ".join(text)))
     return out
+
+
+def srt_turns(srt: str) -> list[Labelled]:
+    """An srt answer's cues with their speakers ("A: ..." starts a labelled cue)."""
+    return [(a, b, text.partition(": ")[0]) for a, b, text in srt_cues(srt)]
 
 
 def served_answers(files: Sequence[Path], out: Path) -> dict[str, dict[str, list[Labelled]]]:
@@ -181,10 +184,11 @@ def served_answers(files: Sequence[Path], out: Path) -> dict[str, dict[str, list
     return answers
 
 
-def pooled(rows: Sequence[dict], key: str) -> float:
-    """A set's DER: errors summed over files divided by the reference time summed over files."""
+def pooled(rows: Sequence[dict], key: str, rate: str = "der") -> float:
+    """A set's DER (or another of its `Score`'s rates): errors summed over files divided by the reference time
+    summed over files."""
     total = sum(r[key]["scored_s"] for r in rows)
-    return sum(r[key]["der"] * r[key]["scored_s"] for r in rows) / max(total, 1e-9)
+    return sum(r[key][rate] * r[key]["scored_s"] for r in rows) / max(total, 1e-9)
 
 
 KINDS = ("api", "srt", "offline", "live", "one")
@@ -210,9 +214,7 @@ def bench_speakers(args: argparse.Namespace) -> dict:
                                   for k in (kind, f"{kind}_no_overlap")}
     for kind in kinds[:-1]:
         summary[f"count_{kind}"] = _count(rows, kind)
-        summary[f"false_alarm_{kind}"] = round(100 * sum(r[f"{kind}_no_overlap"]["false_alarm"]
-                                                         * r[f"{kind}_no_overlap"]["scored_s"] for r in rows)
-                                               / max(sum(r[f"{kind}_no_overlap"]["scored_s"] for r in rows), 1e-9), 1)
+        summary[f"false_alarm_{kind}"] = round(100 * pooled(rows, f"{kind}_no_overlap", "false_alarm"), 1)
     summary["files"] = len(rows)
     summary["minutes"] = round(sum(r["seconds"] for r in rows) / 60, 1)
     summary["offline_cost_per_s"] = round(statistics.median(r["offline_cost"] for r in rows), 4)

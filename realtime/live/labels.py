@@ -40,9 +40,8 @@ def speech_spans(end: SegmentEnd, vad: VADConfig | None = None) -> list[Span]:
         return [(end.audio_start, end.audio_start + end.audio.size / SAMPLE_RATE)]
     config = vad or VADConfig()
     before, after = config.pad_before_ms / 1000, config.pad_after_ms / 1000
-    bounds = end.bounds() if len(end.speech) > 1 else [(0.0, end.heard.size / SAMPLE_RATE)]
     return [(end.stream_time(max(a, x - before)), end.stream_time(min(b, y + after), end=True))
-            for (a, b), (x, y) in zip(bounds, end.heard_speech, strict=True)]
+            for (a, b), (x, y) in zip(end.bounds(), end.heard_speech, strict=True)]
 
 
 def diarize_file(diarizer: Diarizer, path: str | Path, speech: Sequence[Span],
