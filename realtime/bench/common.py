@@ -75,6 +75,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def post_file(at: int, path: Path, **fields: str) -> Any:
+    """A file posted to the transcription API of the app on loopback port `at` (an `httpx.Response`, checked)."""
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data=fields, timeout=900,
+                   files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
+    r.raise_for_status()
+    return r
+
+
 def _machine() -> str:
     return f"{os.cpu_count()} CPU cores, {os.uname().machine}"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..audio import SAMPLE_RATE, decode_file
-from .common import _machine, write_outputs
+from .common import _machine, post_file, write_outputs
 from .corpus import LOST_RUN_WORDS, corpus_wer, lost_speech, random_compilation, read_manifest
 
 LONGEST_CLIP_S = 40.0
@@ -38,16 +38,6 @@ def _pipelines(model_dir: str, compute_type: str, language: str | None,
             and (only is None or k.startswith("faster-whisper") or any(k.lower().startswith(o) for o in only))}
 
 
-def _post(at: int, path: Path, **fields: str) -> Any:
-    """A file posted to the transcription API of the app on loopback port `at` (an `httpx.Response`, checked)."""
-    import httpx
-
-    r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data=fields, timeout=900,
-                   files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
-    r.raise_for_status()
-    return r
-
-
 def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], None]]:
     """The paths of a launched app (embedded engine) over HTTP: `json`, `verbose_json` and SSE (`stream=true`), and
     a second app whose remote engine sends its windows to the first (`json`); and a function that stops both."""
@@ -61,7 +51,7 @@ def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], N
                                 log=out / "front.log")
 
     def sse(path: Path) -> str:
-        for line in _post(port, path, response_format="json", stream="true").text.splitlines():
+        for line in post_file(port, path, response_format="json", stream="true").text.splitlines():
             if line.startswith("data: ") and (doc := json.loads(line[6:])).get("type") == "transcript.text.done":
                 return str(doc["text"])
         raise RuntimeError("the stream ended without transcript.text.done")
@@ -72,10 +62,10 @@ def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], N
             proc.wait(30)
 
     return {
-        "HTTP json": lambda p: str(_post(port, p, response_format="json").json()["text"]),
-        "HTTP verbose_json": lambda p: str(_post(port, p, response_format="verbose_json").json()["text"]),
+        "HTTP json": lambda p: str(post_file(port, p, response_format="json").json()["text"]),
+        "HTTP verbose_json": lambda p: str(post_file(port, p, response_format="verbose_json").json()["text"]),
         "HTTP SSE (stream=true)": sse,
-        "remote engine to another instance (json)": lambda p: str(_post(front_port, p,
+        "remote engine to another instance (json)": lambda p: str(post_file(front_port, p,
                                                                          response_format="json").json()["text"]),
     }, stop
 
@@ -94,7 +84,7 @@ def _engines(names: list[str], out: Path) -> tuple[dict[str, Callable[[Path], st
     runs: dict[str, Callable[[Path], str]] = {}
 
     def text(at: int, path: Path) -> str:
-        return str(_post(at, path, response_format="json").json()["text"])
+        return str(post_file(at, path, response_format="json").json()["text"])
 
     def stop() -> None:
         for proc in reversed(apps):

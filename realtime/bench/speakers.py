@@ -159,25 +159,17 @@ def srt_turns(srt: str) -> list[Labelled]:
 
 def served_answers(files: Sequence[Path], out: Path) -> dict[str, dict[str, list[Labelled]]]:
     """Each file's `diarized_json` segments and srt cues (`diarize=true`) from a launched app's HTTP API."""
-    import httpx
-
+    from .common import post_file
     from .stream import _launch
 
     app, port = _launch(2, log=out / "speakers-app.log")
-
-    def post(path: Path, **fields: str) -> httpx.Response:
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/audio/transcriptions", data=fields, timeout=600,
-                       files={"file": (path.name, path.read_bytes(), "audio/flac")})
-        r.raise_for_status()
-        return r
-
     answers: dict[str, dict[str, list[Labelled]]] = {}
     try:
         for path in files:
-            doc = post(path, response_format="diarized_json").json()
+            doc = post_file(port, path, response_format="diarized_json").json()
             answers[path.stem] = {
                 "api": [(s["start"], s["end"], s["speaker"]) for s in doc["segments"]],
-                "srt": srt_turns(post(path, response_format="srt", diarize="true").text)}
+                "srt": srt_turns(post_file(port, path, response_format="srt", diarize="true").text)}
     finally:
         app.terminate()
         app.wait(30)
