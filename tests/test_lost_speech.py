@@ -55,8 +55,8 @@ def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readi
     """`bench file --random` seed 7102: two short clips with a pause the VAD did not cut at were one segment, and the
     window's decode stopped after the first, skipping "What joy there is in living?" inside a segment that looked
     covered (realtime/live/coverage.py, `bare_edge`). Seed 7161: a noisy recording at -7.6 dB whose "and I'm saying a
-    bunch of different words" no segment held, 2 to 3 s before a short one (realtime/live/transcribe.py, unheard
-    speech up to `UNHEARD_AFTER_S` before a short segment)."""
+    bunch of different words" Silero heard as faint speech running into the next segment, dropped as its onset
+    (realtime/live/vad.py, `FAINT_ONSET_S`)."""
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], kind == "timed")[0]
     assert not lost_speech(comp, readings[kind], answer), answer

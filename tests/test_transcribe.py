@@ -13,15 +13,7 @@ from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.config import WINDOW_S
 from realtime.engines import TranscribeOptions
 from realtime.engines import embedded as embedded_module
-from realtime.live.transcribe import (
-    CONTEXT_AFTER_S,
-    CONTEXT_BEFORE_S,
-    CONTEXT_SPEECH_S,
-    SegmentStream,
-    _Surroundings,
-    transcribe_file,
-)
-from realtime.live.vad import SegmentEnd, VADConfig
+from realtime.live.transcribe import CONTEXT_AFTER_S, CONTEXT_BEFORE_S, CONTEXT_SPEECH_S, SegmentStream, transcribe_file
 
 from real_speech import clips, compilation
 from speech import long_recording, wer
@@ -114,29 +106,3 @@ def test_a_lone_short_segment_carries_the_recording_around_it_up_to_the_next_spe
     assert context_end >= min(following.start, w.audio_start + w.audio.size / SAMPLE_RATE + CONTEXT_AFTER_S) - 0.05
     long = next(w for w in got if w.context is None)
     assert w.heard is w.context and long.heard is long.audio
-
-
-@pytest.mark.fast
-def test_a_short_segment_gets_the_loud_audio_up_to_unheard_after_s_before_it_and_none_of_the_previous_segment():
-    """Seed 7161 of `bench file --random` (a noisy recording at -7.6 dB): "and I'm saying a bunch of different words"
-    lay outside every segment, 2 to 3 s before a short one. The loud audio beside a short segment counts from as far
-    back as `UNHEARD_AFTER_S`, never into the previous segment's audio."""
-    rng = np.random.default_rng(0)
-    audio = np.zeros(12 * SAMPLE_RATE, np.float32)
-
-    def loud(a: float, b: float) -> None:
-        audio[round(a * SAMPLE_RATE):round(b * SAMPLE_RATE)] = rng.normal(0, 0.05, round((b - a) * SAMPLE_RATE))
-
-    for a, b in ((0.2, 3.0), (3.6, 5.4), (6.0, 6.5)):  # a segment, speech no segment holds, a short segment
-        loud(a, b)
-    at = lambda t: round(t * SAMPLE_RATE)  # noqa: E731
-    around = _Surroundings(VADConfig())
-    around.read(audio)
-    around.events([SegmentEnd(0, 0.2, 2.8, audio[:at(3.0)].copy(), False, 0.0),
-                   SegmentEnd(1, 6.0, 6.5, audio[at(5.8):at(6.7)].copy(), False, 5.8)])
-    (_, none), (_, context) = around.ready(flush=True)
-    assert none is None and context is not None and context.unheard is not None
-    unheard, start = context.unheard
-    assert 3.0 <= start <= 3.6, "the unheard speech 0.4 to 2.2 s before the segment's audio is its part of a window"
-    assert np.array_equal(unheard, audio[at(start):at(start) + unheard.size])
-    assert context.around[1] == pytest.approx(5.8 - CONTEXT_BEFORE_S), "a lone short segment's context is unchanged"

@@ -127,6 +127,21 @@ def test_faint_speech_is_a_segment_when_it_is_long_enough_and_not_a_segments_ons
 
 
 @pytest.mark.fast
+def test_a_long_stretch_of_faint_speech_before_a_segment_is_a_segment_of_its_own():
+    """`bench file --random` seed 7161: in a noisy recording Silero gave "and I'm saying a bunch of different words"
+    0.2 to 0.4 for 2.3 s, up to a segment's start, and the whole phrase was dropped as that segment's onset. A
+    stretch of a second or more is speech of its own; its audio stops where the segment's starts."""
+    w = WINDOW / 16000
+    low, faint = [0.02] * 20, [0.2, 0.05, 0.05, 0.3, 0.15] * 7  # 35 windows (1.12 s)
+    got = faint_replay(low + faint + [0.9] * 20 + low)
+    pad = VADConfig().pad_before_ms / 1000  # the faint stretch ends where the segment's audio (its padding) starts
+    assert [(e.start, e.end) for e in got] == [(pytest.approx(20 * w), pytest.approx(55 * w - pad)),
+                                               (pytest.approx(55 * w), pytest.approx(75 * w))]
+    assert got[0].audio_start + got[0].audio.size / 16000 <= got[1].audio_start + 1e-6, "the audio overlaps"
+    assert len(faint_replay(low + faint[:15] + [0.9] * 20 + low)) == 1, "a short stretch is the segment's onset"
+
+
+@pytest.mark.fast
 def test_short_burst_is_dropped():
     rng = np.random.default_rng(2)
     audio = np.zeros(16000 * 3, dtype=np.float32)

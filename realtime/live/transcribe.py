@@ -18,8 +18,8 @@ speech. The VAD may hear only a fraction of a second of a falsetto, creaky or qu
 where the recording around it holds the rest of the phrase (faster-whisper's VAD, which waits 2 s of silence
 before it ends a span, gives it that much). A short segment packed with others gets that audio as its part of the
 window only where the recording beside it stays loud (`QUIET_DB`) for `UNHEARD_S` or more, up to `UNHEARD_AFTER_S`
-before and after it (never into the previous segment's audio): speech the VAD did not hear. Live sessions cannot
-wait for the audio after a segment, so this is for files.
+after it: speech the VAD did not hear. Live sessions cannot wait for the audio after a segment, so this is for
+files.
 Used by `python -m realtime transcribe` and by the HTTP API (realtime/web/api.py).
 """
 
@@ -205,7 +205,7 @@ class _Surroundings:
     they go on, in order, each short one with its context."""
 
     def __init__(self, vad: VADConfig) -> None:
-        self.keep = int((vad.max_segment_s + UNHEARD_AFTER_S + 2.0) * SAMPLE_RATE)
+        self.keep = int((vad.max_segment_s + CONTEXT_BEFORE_S + 2.0) * SAMPLE_RATE)
         self.audio = np.zeros(0, np.float32)
         self.origin = 0  # stream sample index of audio[0]
         self.waiting: deque[tuple[SegmentEnd, int, int]] = deque()  # end, its context's first and last sample
@@ -227,7 +227,7 @@ class _Surroundings:
                 first = round(event.audio_start * SAMPLE_RATE)
                 last = first + event.audio.size
                 short = event.end - event.start < CONTEXT_SPEECH_S
-                a = min(first, max(self.last_end, self.origin, first - round(UNHEARD_AFTER_S * SAMPLE_RATE)))
+                a = min(first, max(self.last_end, self.origin, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE)))
                 self.waiting.append((event, a, last + round(UNHEARD_AFTER_S * SAMPLE_RATE) if short else -1))
                 self.last_end = last
 
@@ -241,8 +241,7 @@ class _Surroundings:
                 first = round(end.audio_start * SAMPLE_RATE) - a
                 stop = first + end.audio.size
                 lo, hi = _sounding(audio, first, stop, end.audio)
-                lead = max(0, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE))
-                around = (audio[lead:stop + round(CONTEXT_AFTER_S * SAMPLE_RATE)].copy(), (a + lead) / SAMPLE_RATE)
+                around = (audio[:stop + round(CONTEXT_AFTER_S * SAMPLE_RATE)].copy(), a / SAMPLE_RATE)
                 unheard = ((audio[lo:hi].copy(), (a + lo) / SAMPLE_RATE)
                            if lo <= first and hi >= stop and hi - lo >= end.audio.size + UNHEARD_S * SAMPLE_RATE
                            else None)

@@ -37,6 +37,9 @@ FAINT_MIN_S = 0.3
 FAINT_CLEAR_S = 0.3
 """A stretch of faint speech that ends this close to a segment's start is that segment's onset, not speech of its
 own."""
+FAINT_ONSET_S = 1.0
+"""...but a stretch this long that runs into a segment's start is speech of its own (a phrase said under the breath,
+or in a noisy room, before a louder one), not only its onset."""
 FAINT_AFTER_S = 1.0
 """A stretch of faint speech that starts this soon after a segment's speech ends is its trailing sound (a breath, an
 echo, a word said again under the breath), not speech of its own."""
@@ -273,7 +276,8 @@ class Segmenter:
         cfg = self.config
         if not self.active:
             if p >= cfg.threshold:
-                self._close_faint(events, onset=pos - self._faint_last < FAINT_CLEAR_S * SAMPLE_RATE)
+                self._close_faint(events, onset=pos - self._faint_last < FAINT_CLEAR_S * SAMPLE_RATE,
+                                  before=pos - self._preroll.size)
                 self._open(pos, window)
                 return
             if self._pad_before:
@@ -317,14 +321,17 @@ class Segmenter:
         if ended or self._faint_last - self._faint_start >= self._max_len:
             self._close_faint(events)
 
-    def _close_faint(self, events: list[VADEvent], onset: bool = False) -> None:
-        """End the open stretch of faint speech: a segment if it is long enough and not a segment's onset."""
+    def _close_faint(self, events: list[VADEvent], onset: bool = False, before: int | None = None) -> None:
+        """End the open stretch of faint speech: a segment if it is long enough and not only a segment's onset; its
+        audio stops `before` (where the segment that closes it starts its audio)."""
         buf, self._faint = self._faint, None
-        if buf is None or onset or self._faint_last - self._faint_start < FAINT_MIN_S * SAMPLE_RATE:
+        length = self._faint_last - self._faint_start
+        if buf is None or length < FAINT_MIN_S * SAMPLE_RATE or (onset and length < FAINT_ONSET_S * SAMPLE_RATE):
             return
+        stop = self._faint_last + self._pad_after if before is None else min(before, self._faint_last + self._pad_after)
         index, self._next_index = self._next_index, self._next_index + 1
-        start, end = self._faint_start / SAMPLE_RATE, self._faint_last / SAMPLE_RATE
-        audio = buf.view(0, self._faint_last + self._pad_after - self._faint_origin).copy()
+        start, end = self._faint_start / SAMPLE_RATE, min(self._faint_last, stop) / SAMPLE_RATE
+        audio = buf.view(0, stop - self._faint_origin).copy()
         events += [SegmentStart(index, start), SegmentEnd(index, start, end, audio, False,
                                                           self._faint_origin / SAMPLE_RATE)]
 
