@@ -181,7 +181,9 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
 
 
 def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
-    page = start_live(context, f"{app.url}/?view=captions")
+    console: list[str] = []
+    page = start_live(context, f"{app.url}/?view=captions",
+                      lambda p: p.on("console", lambda m: console.append(f"{time.monotonic():.1f} {m.text[:300]}")))
     seen: list[list[str]] = []
     deadline = time.monotonic() + DEADLINE_S
     lines: list[dict[str, Any]] = []
@@ -193,7 +195,9 @@ def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
         if sum(1 for line in lines if line["final"]) >= 4:
             break
         page.wait_for_timeout(200)
-    r: dict[str, Any] = {"lines": lines, "seen": seen}
+    # what the page said (its status line is hidden in this view), for a run that shows no line
+    r: dict[str, Any] = {"lines": lines, "seen": seen, "console": console[-40:],
+                         "status": page.evaluate("() => document.querySelector('#rt-status')?.textContent ?? ''")}
     r["hidden"] = page.evaluate("""() => ["#rt-header", "#rt-status", "#rt-copy"].map(
         (s) => document.querySelector(s)?.offsetParent === null)""")
     r["control_visible"] = page.locator("#rt-webrtc").is_visible()
