@@ -132,11 +132,16 @@ def shows(page: Page, condition: str, timeout: float, arg: Any = None) -> bool:
         return False
 
 
+def record_console(page: Page, sink: list[str]) -> None:
+    """The page's console messages from now on, each with the time it came, into `sink`."""
+    page.on("console", lambda m: sink.append(f"{time.monotonic():.1f} {m.text[:300]}"))
+
+
 def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     picker: dict[str, Any] = {}
     console: list[str] = []
     page = start_live(context, app.url, lambda pg: picker.update(pg.evaluate(PICKER)))
-    page.on("console", lambda m: console.append(f"{time.monotonic():.1f} {m.text[:300]}"))
+    record_console(page, console)
     page.evaluate("""() => { let last = -1; new MutationObserver(() => {
         const n = document.querySelectorAll("#rt-transcript .rt-final").length;
         if (n !== last) { last = n; console.log(`rt-finals ${n}`); } }).observe(document.body,
@@ -182,8 +187,7 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
 
 def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     console: list[str] = []
-    page = start_live(context, f"{app.url}/?view=captions",
-                      lambda p: p.on("console", lambda m: console.append(f"{time.monotonic():.1f} {m.text[:300]}")))
+    page = start_live(context, f"{app.url}/?view=captions", lambda p: record_console(p, console))
     seen: list[list[str]] = []
     deadline = time.monotonic() + DEADLINE_S
     lines: list[dict[str, Any]] = []
