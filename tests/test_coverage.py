@@ -76,7 +76,7 @@ def test_a_word_across_two_segments_was_stretched_over_speech_the_decode_skipped
     assert coverage.stretched(speech, said) == [0, 1]
     assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2]
     assert coverage.unaccounted(speech, said) == [], "a timed piece's shared-out time may lie across segments"
-    brushing = [(0.3, 2.9), (2.9, 3.4), (3.5, 5.7)]  # a last word's end running into the next segment's onset
+    brushing = [(0.3, 1.4), (1.4, 2.9), (2.9, 3.4), (3.5, 4.6), (4.6, 5.7)]  # a word's end into the next onset
     assert coverage.stretched([(0.2, 2.8), (3.2, 5.8)], brushing) == []
     whole = [(0.0, 0.5), (0.5, 1.0), (1.0, 23.8), (23.8, 23.8), (23.8, 23.9), (23.9, 25.2)]  # seed 5047: a 23 s "the"
     assert coverage.stretched([(0.2, 2.6), (3.0, 5.3), (19.9, 22.2), (22.6, 24.4)], whole) == [0, 1, 2, 3]
@@ -271,6 +271,21 @@ def test_segments_skipped_together_are_decoded_together_and_checked_again():
     assert got.extra["redecoded"] == [1, 2, 3]
 
 
+def test_a_word_too_long_to_be_said_was_stretched_over_speech_the_decode_skipped():
+    """`bench file --random` seed 7313: two clips with a pause the VAD did not cut at were one segment; the window's
+    decode skipped the first ("Mend the coat before you go out") and alignment spread the second's "that" over it,
+    2.4 s, in one segment, with words dense enough and no gap long enough for it to look covered."""
+    speech = [(8.42, 10.66), (11.06, 16.18), (16.58, 16.96)]
+    said = [(8.62, 8.78), (8.78, 9.16), (9.16, 9.32), (9.32, 9.46), (9.94, 10.16), (10.16, 10.42), (10.42, 10.9),
+            (11.68, 11.68), (11.68, 14.1), (14.1, 14.48), (14.48, 14.88), (15.02, 15.18), (15.18, 15.4),
+            (15.4, 15.7), (15.7, 16.2), (16.58, 16.82)]
+    assert coverage.uncovered(speech, said) == []
+    assert coverage.stretched(speech, said) == [1]
+    assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2]
+    drawn = [(11.1, 12.6), *said[9:]]  # a word drawn out for 1.5 s is said so
+    assert coverage.stretched(speech, drawn) == []
+
+
 def test_segments_under_a_stretched_word_are_decoded_again():
     """The second segment's first sentence was skipped and its last word stretched back over it: each segment holds
     enough words to look covered, but one word lies across both."""
@@ -333,6 +348,37 @@ def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():
     got = account(engine, w, first, TranscribeOptions())
     assert got.text == "One two three. Four five. Six seven eight nine."
     assert [(size, o.timestamps) for size, o in engine.asked] == [(8 * SAMPLE_RATE, False), (8 * SAMPLE_RATE, True)]
+
+
+@pytest.mark.parametrize("second", ["Mend the coat. That high level, the air is pure.",
+                                    "A little bit behind me, go straight back to the left."])
+def test_an_answer_decoded_again_with_a_shorter_gap_is_replaced_only_by_one_that_keeps_it(second: str):
+    """Seed 7313 of `bench file --random`: a segment holding two sentences, skipped in its window, whose own decode
+    skipped the first sentence again and spread the second's words over 1.2 s less than the whole: short of the
+    window's gap, but held to `GAP_AGAIN_S` as an answer decoded again. Decoded once more with timestamps, that answer
+    stands where it says what the first said and more; a second decode that says other words (Whisper lost in a
+    voice it barely knows, the long recording's falsetto clip) does not."""
+    w = window([3.0, 5.0])
+    first = Transcription("One two three.", duration=8.0, segments=(TimedText(0.0, 8.0, "One two three.", words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."))),))
+    said = "That high level, the air is pure."
+    short = Transcription(said, duration=5.0, segments=(TimedText(0.0, 5.0, said, words(
+        (2.0, 2.4, "That"), (2.4, 2.8, "high"), (2.8, 3.3, "level,"), (3.3, 3.5, "the"), (3.5, 3.9, "air"),
+        (3.9, 4.2, "is"), (4.2, 4.8, "pure."))),))
+    assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short)) == []
+    assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short), coverage.GAP_AGAIN_S) == [0]
+    whole = Transcription(second, duration=5.0, segments=(TimedText(0.2, 4.8, second),))
+    answers = iter([short, whole])
+
+    class Twice(Scripted):
+        async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+            self.asked.append((audio.size, options))
+            return next(answers)
+
+    engine = Twice({})
+    got = account(engine, w, first, TranscribeOptions())
+    assert [(size, o.timestamps) for size, o in engine.asked] == [(5 * SAMPLE_RATE, False), (5 * SAMPLE_RATE, True)]
+    assert got.text == "One two three. " + (second if second.startswith("Mend") else said)
 
 
 def test_a_timed_piece_over_a_segment_that_goes_back_takes_the_other_segment_with_it():

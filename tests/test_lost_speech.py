@@ -50,13 +50,15 @@ def test_random_compilations_lose_no_speech(engine, readings, tmp_path, record_p
 
 
 @pytest.mark.xdist_group("lost-speech")
-@pytest.mark.parametrize("seed", [7102, 7161])
+@pytest.mark.parametrize("seed", [7102, 7161, 7313])
 def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readings, tmp_path, seed):
     """`bench file --random` seed 7102: two short clips with a pause the VAD did not cut at were one segment, and the
     window's decode stopped after the first, skipping "What joy there is in living?" inside a segment that looked
     covered (realtime/live/coverage.py, `bare_edge`). Seed 7161: a noisy recording at -7.6 dB whose "and I'm saying a
     bunch of different words" Silero heard as faint speech running into the next segment, dropped as its onset
-    (realtime/live/vad.py, `FAINT_ONSET_S`)."""
+    (realtime/live/vad.py, `FAINT_ONSET_S`). Seed 7313: "Mend the coat before you go out" and the next clip were one
+    segment; the window's decode, and the segment's own, skipped the first and aligned the next one's words over it
+    (a 2.4 s "that": `coverage.LONG_WORD_S`; then a 1.2 s gap: `coverage.GAP_AGAIN_S`)."""
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], False)[0]
     assert not lost_speech(comp, readings["text"], answer), answer

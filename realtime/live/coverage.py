@@ -20,9 +20,12 @@ gives no times cannot be checked this way: its windows hold one segment each (`c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
+from difflib import SequenceMatcher
 
+from ..engines import policy
 from ..engines.base import Engine
 from ..engines.types import TranscribeOptions, Transcription
 
@@ -31,6 +34,9 @@ Span = tuple[float, float]
 
 GAP_S = 2.0
 """A stretch of speech this long with no text over it is a loss."""
+GAP_AGAIN_S = 1.0
+"""...in the answer for segments decoded again, this long: it is the answer that stands for speech a decode skipped
+once, and a decode that skipped a sentence may skip it again and align the words beside it over part of it."""
 GAP_SHARE = 0.6
 """So is a stretch over this share of a shorter segment's speech."""
 MIN_SPEECH_S = 0.25
@@ -44,6 +50,10 @@ EDGE_S = 1.0
 is suspect: the decode stopped (or started again) inside it."""
 STRETCH_S = 0.3
 """A word whose time reaches this far into the speech of two segments was stretched over them by alignment."""
+LONG_WORD_S = 2.0
+"""So was a word this long within one segment's speech: no word is said that slowly."""
+KEPT_SHARE = 0.9
+"""A second decode `keeps` a first one that holds this share of its words, in order."""
 REACH_S = 0.4
 """How far beyond a word's or a piece's times its text counts as covering speech: alignment is coarse at the
 edges of words, and Whisper's piece boundaries fall in the pauses around them."""
@@ -154,39 +164,62 @@ def bare_edge(span: Span, covered: Sequence[Span], at_end: bool) -> bool:
 
 def stretched(speech: Sequence[Span], words: Sequence[Span]) -> list[int]:
     """Indexes of the speech spans (a window's segments) that one aligned word lies across, from the first to the
-    last that it reaches `STRETCH_S` into. A word is said within one segment, so alignment spread this one over
-    speech the decode skipped (a "the" over several sentences, an "on" over a clause)."""
+    last that it reaches `STRETCH_S` into, or that holds a word of `LONG_WORD_S` or more. A word is said within one
+    segment, and quicker than that, so alignment spread this one over speech the decode skipped (a "the" over
+    several sentences, an "on" over a clause, a "that" over the sentence before it in the same segment)."""
     out: set[int] = set()
     for a, b in words:
         over = [i for i, (x, y) in enumerate(speech) if min(b, y) - max(a, x) > STRETCH_S]
         if len(over) > 1:
             out |= set(range(over[0], over[-1] + 1))
+        elif b - a >= LONG_WORD_S:
+            out |= set(over)
     return sorted(out)
 
 
-def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False) -> list[int]:
-    """The segments of a packed window to decode again: `uncovered` ones, those an aligned word is `stretched`
-    across (when `covered` are words' own times, not a piece's shared out), and those they make `suspect`."""
-    missing = {*uncovered(speech, covered), *(stretched(speech, covered) if words else ())}
+def keeps(again: Transcription, first: Transcription) -> bool:
+    """Whether a second decode of a lone segment stands for a first one that looked short only by the looser gap of
+    an answer decoded again (`GAP_AGAIN_S`): it was not rejected, says more, and says `KEPT_SHARE` of what the first
+    said, in order. A decode that skipped a sentence gains it; one that lost its way in a voice Whisper barely knows
+    (a falsetto) writes other words, and the first answer stands."""
+    if policy.rejected(again):
+        return False
+    said, more = _words(first.text), _words(again.text)
+    if len(more) <= len(said):
+        return False
+    matcher = SequenceMatcher(None, said, more, autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks()) >= KEPT_SHARE * len(said)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[\w']+", text.lower())
+
+
+def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False, gap: float = GAP_S
+                ) -> list[int]:
+    """The segments of a packed window to decode again: `uncovered` ones (with `gap` for `GAP_S`), those an aligned
+    word is `stretched` across (when `covered` are words' own times, not a piece's shared out), and those they make
+    `suspect`."""
+    missing = {*uncovered(speech, covered, gap), *(stretched(speech, covered) if words else ())}
     return suspect(speech, covered, sorted(missing))
 
 
-def uncovered(speech: Sequence[Span], covered: Sequence[Span]) -> list[int]:
+def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_S) -> list[int]:
     """Indexes of the speech spans (a window's segments) that hold a stretch of speech no text covers (at least
-    `GAP_S`, or `GAP_SHARE` of a shorter segment's speech), or whose words are too few for their speech
+    `gap`, or `GAP_SHARE` of a shorter segment's speech), or whose words are too few for their speech
     (`MIN_WORDS_PER_S` over `SPARSE_SPEECH_S` or more); `covered` holds one span per word."""
     out = []
     for i, (a, b) in enumerate(speech):
         length = b - a
         if length < MIN_SPEECH_S:
             continue
-        if longest_gap((a, b), covered) >= min(GAP_S, GAP_SHARE * length) or (
+        if longest_gap((a, b), covered) >= min(gap, GAP_SHARE * length) or (
                 length >= SPARSE_SPEECH_S and words_in((a, b), covered) < MIN_WORDS_PER_S * length):
             out.append(i)
     return out
 
 
-__all__ = ["EDGE_S", "GAP_S", "GAP_SHARE", "MIN_SPEECH_S", "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S",
-           "STRETCH_S", "Span", "bare_edge", "check_options", "checkable", "longest_gap", "piece_timing",
-           "redecode_options", "stretched", "suspect", "timing", "unaccounted", "uncovered", "window_options",
-           "words_in"]
+__all__ = ["EDGE_S", "GAP_AGAIN_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONG_WORD_S", "MIN_SPEECH_S",
+           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "STRETCH_S", "Span", "bare_edge", "check_options",
+           "checkable", "keeps", "longest_gap", "piece_timing", "redecode_options", "stretched", "suspect", "timing",
+           "unaccounted", "uncovered", "window_options", "words_in"]

@@ -481,21 +481,27 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
 
 
 async def _check(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
-                 asked: TranscribeOptions) -> Transcription | BaseException:
-    """The coverage rule on a window's result, its answers spliced in (see `_account`)."""
+                 asked: TranscribeOptions, again: bool = False) -> Transcription | BaseException:
+    """The coverage rule on a window's result, its answers spliced in (see `_account`); the answer for segments
+    decoded `again` is held to `coverage.GAP_AGAIN_S`."""
     spans = coverage.timing(result)
     speech = window.heard_speech
     rejected = policy.rejected(result)
     checked = bool(spans) and not rejected and len(speech) > 1  # the answers are checked in turn
+    gap = coverage.GAP_AGAIN_S if again else coverage.GAP_S
+    loose = False  # a lone segment short only by the looser gap: its second answer must keep the first
     if spans is None or rejected:
         missing = list(range(len(speech))) if len(speech) > 1 else []
     elif not checked:
         missing = coverage.uncovered(speech, spans)
+        if not missing and again:
+            missing = coverage.uncovered(speech, spans, gap)
+            loose = bool(missing)
     else:
-        missing = coverage.unaccounted(speech, spans, words=bool(result.words))
+        missing = coverage.unaccounted(speech, spans, words=bool(result.words), gap=gap)
         pieces = coverage.piece_timing(result) if result.words else None
         if pieces:  # timed pieces with their words: either can look covered where the other does not
-            missing = sorted({*missing, *coverage.unaccounted(speech, pieces)})
+            missing = sorted({*missing, *coverage.unaccounted(speech, pieces, gap=gap)})
         missing = _whole_pieces(window, result, missing)
     if not missing:
         return result
@@ -513,10 +519,12 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
         await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True))
     for k, answer in enumerate(answers):
         if checked and isinstance(answer, Transcription):
-            answers[k] = await _check(worker, name, subs[k], answer, options, asked)
+            answers[k] = await _check(worker, name, subs[k], answer, options, asked, again=True)
     failed = next((a for a in answers if isinstance(a, BaseException)), None)
     if failed is not None:
-        return failed
+        return result if loose else failed
+    if loose and not coverage.keeps(answers[0], result):  # type: ignore[arg-type]
+        return result
     return _splice(window, result, {run: a for run, a in zip(runs, answers, strict=True)
                                     if isinstance(a, Transcription)})
 
