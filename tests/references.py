@@ -36,7 +36,8 @@ class ReferenceRecomputed(UserWarning):
 
 @cache
 def cpu_isa() -> str:
-    """What picks the CPU kernels: architecture, vendor and the widest vector extension (CT2_FORCE_CPU_ISA wins)."""
+    """What picks the CPU kernels: architecture, vendor and the widest vector extension, with AMX beside AVX-512
+    (CT2_FORCE_CPU_ISA wins)."""
     machine = platform.machine()
     vendor, flags = "", set()
     try:
@@ -53,7 +54,7 @@ def cpu_isa() -> str:
     if forced:
         isa = forced.lower()
     elif "avx512f" in flags:
-        isa = "avx512"
+        isa = "avx512-amx" if "amx_int8" in flags else "avx512"  # MKL's int8 kernels use AMX where it exists
     elif "avx2" in flags:
         isa = "avx2"
     elif "avx" in flags:
