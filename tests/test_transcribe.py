@@ -10,10 +10,18 @@ import numpy as np
 import pytest
 
 from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.config import WINDOW_S
+from realtime.config import WINDOW_S, VADConfig
 from realtime.engines import TranscribeOptions
 from realtime.engines import embedded as embedded_module
-from realtime.live.transcribe import CONTEXT_AFTER_S, CONTEXT_BEFORE_S, CONTEXT_SPEECH_S, SegmentStream, transcribe_file
+from realtime.live.transcribe import (
+    CONTEXT_AFTER_S,
+    CONTEXT_BEFORE_S,
+    CONTEXT_SPEECH_S,
+    SegmentStream,
+    _Surroundings,
+    transcribe_file,
+)
+from realtime.live.vad import SegmentEnd, SegmentStart
 
 from real_speech import clips, compilation
 from speech import long_recording, wer
@@ -102,7 +110,33 @@ def test_a_lone_short_segment_carries_the_recording_around_it_up_to_the_next_spe
     assert w.context_start == pytest.approx(max(0.0, w.audio_start - CONTEXT_BEFORE_S), abs=1e-3)
     context_end = w.context_start + w.context.size / SAMPLE_RATE
     following = got[got.index(w) + 1]
-    assert context_end <= following.start + 1e-3, "the context ran into the next segment's speech"
-    assert context_end >= min(following.start, w.audio_start + w.audio.size / SAMPLE_RATE + CONTEXT_AFTER_S) - 0.05
+    assert context_end <= following.audio_start + 1e-3, "the context ran into the next segment's audio"
+    assert context_end >= min(following.audio_start,
+                              w.audio_start + w.audio.size / SAMPLE_RATE + CONTEXT_AFTER_S) - 0.05
     long = next(w for w in got if w.context is None)
     assert w.heard is w.context and long.heard is long.audio
+
+
+@pytest.mark.fast
+def test_a_short_segments_context_waits_for_faint_speech_and_no_audio_goes_twice():
+    """The long recording's `mfa-thoughts`, a short segment, then `mfa-falsetto2`, faint speech that is a segment
+    only once it ends, after the short one's context had been read: that context held the phrase, and so did the
+    faint segment, and the window read it twice. A short segment waits while speech that may yet be a segment
+    lies in its context, which ends where the next segment's audio starts; the next one's starts there."""
+    rate = SAMPLE_RATE
+    audio = (0.1 * np.sin(np.arange(8 * rate) / 5)).astype(np.float32)  # loud throughout
+
+    def segment(i: int, start: float, end: float) -> SegmentEnd:
+        a = start - 0.2
+        return SegmentEnd(i, start, end, audio[round(a * rate):round((end + 0.2) * rate)], False, a)
+
+    around = _Surroundings(VADConfig())
+    around.read(audio)
+    around.events([SegmentStart(0, 1.0), segment(0, 1.0, 1.5)])
+    assert around.ready(hold=round(2.5 * rate)) == [], "faint speech from 2.5 s may be a segment in its context"
+    around.events([SegmentStart(1, 2.7), segment(1, 2.7, 3.2)])
+    (first, one), (second, two) = around.ready()
+    assert one is not None and two is not None and (first.segment, second.segment) == (0, 1)
+    ends = [start + piece.size / rate for piece, start in (one.around, one.unheard) if piece is not None]
+    assert max(ends) == pytest.approx(second.audio_start), "the first's context ends where the next one's audio starts"
+    assert two.around[1] == pytest.approx(second.audio_start), "and the next one's starts there"

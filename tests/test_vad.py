@@ -127,6 +127,28 @@ def test_faint_speech_is_a_segment_when_it_is_long_enough_and_not_a_segments_ons
 
 
 @pytest.mark.fast
+def test_loud_audio_carries_faint_speech_over_the_windows_silero_does_not_hear():
+    """`bench file --random` seeds 7334 and 7415: `mfa-falsetto2` in a clean recording, 50 dB over the noise floor
+    all through its phrase, of which Silero gives 0.1 or more to bursts of a fifth of a second, a second apart: each
+    burst too short to be faint speech, and the phrase was lost. Windows that loud carry the stretch on; over quiet
+    audio they do not, nor does constant noise, however loud (the floor follows it)."""
+    w = WINDOW / 16000
+    burst, between, low = [0.2] * 6, [0.02] * 30, [0.02] * 20  # 0.19 s bursts, 0.96 s apart
+
+    def replay_with(levels: list[float]) -> list:
+        probabilities = low + burst + between + burst + low
+        seg = Segmenter(model=Replay(probabilities), faint=True)
+        audio = np.concatenate([np.full(WINDOW, x, np.float32) for x in levels])
+        return [e for e in seg.feed(audio) + seg.flush() if isinstance(e, SegmentEnd)]
+
+    quiet, loud = 1e-4, 0.05  # -80 and -26 dBFS
+    got = replay_with([quiet] * 20 + [loud] * 42 + [quiet] * 20)
+    assert [(e.start, e.end) for e in got] == [(pytest.approx(20 * w), pytest.approx(62 * w))]
+    assert not replay_with([quiet] * 20 + [loud] * 6 + [quiet] * 30 + [loud] * 6 + [quiet] * 20)
+    assert not replay_with([loud] * 82), "loud all along is the noise floor"
+
+
+@pytest.mark.fast
 def test_a_long_stretch_of_faint_speech_before_a_segment_is_a_segment_of_its_own():
     """`bench file --random` seed 7161: in a noisy recording Silero gave "and I'm saying a bunch of different words"
     0.2 to 0.4 for 2.3 s, up to a segment's start, and the whole phrase was dropped as that segment's onset. A

@@ -12,14 +12,14 @@ long-form and batched pipelines let it, which cuts errors on isolated short sent
 the engine for Whisper's timestamps and get one entry per timed piece, mapped back to the file's time
 (`timed_entries`); text formats take a window as one entry.
 
-A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of speech) is decoded with the
-recording around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's
-speech. The VAD may hear only a fraction of a second of a falsetto, creaky or quick voice, too little for Whisper,
-where the recording around it holds the rest of the phrase (faster-whisper's VAD, which waits 2 s of silence
-before it ends a span, gives it that much). A short segment packed with others gets that audio as its part of the
-window only where the recording beside it stays loud (`QUIET_DB`) for `UNHEARD_S` or more, up to `UNHEARD_AFTER_S`
-after it: speech the VAD did not hear. Live sessions cannot wait for the audio after a segment, so this is for
-files.
+A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of speech) is decoded with the recording
+around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's audio or context
+(no audio is decoded twice), and only once any faint speech in it has been judged. The VAD may hear only a fraction of a
+second of a falsetto, creaky or quick voice, too little for Whisper, where the recording around it holds the rest of the
+phrase (faster-whisper's VAD, which waits 2 s of silence before it ends a span, gives it that much). A short segment
+packed with others gets that audio as its part of the window only where the recording beside it stays loud (`QUIET_DB`)
+for `UNHEARD_S` or more, up to `UNHEARD_AFTER_S` after it: speech the VAD did not hear. Live sessions cannot wait for
+the audio after a segment, so this is for files.
 Used by `python -m realtime transcribe` and by the HTTP API (realtime/web/api.py).
 """
 
@@ -209,7 +209,8 @@ class _Surroundings:
         self.audio = np.zeros(0, np.float32)
         self.origin = 0  # stream sample index of audio[0]
         self.waiting: deque[tuple[SegmentEnd, int, int]] = deque()  # end, its context's first and last sample
-        self.last_end = 0  # stream sample index where the previous segment's audio ended
+        self.last_end = 0  # stream sample index where the previous segment's audio (or context) ended
+        self.pad_before = vad.pad_before_ms * SAMPLE_RATE // 1000
 
     @property
     def read_to(self) -> int:
@@ -220,20 +221,24 @@ class _Surroundings:
 
     def events(self, events: Iterable[object]) -> None:
         for event in events:
-            if isinstance(event, SegmentStart):  # the waiting segments' context ends where this speech starts
-                at = round(event.start * SAMPLE_RATE)
+            if isinstance(event, SegmentStart):  # the waiting segments' context ends where this one's audio starts
+                at = round(event.start * SAMPLE_RATE) - self.pad_before
                 self.waiting = deque((e, a, b if b < 0 else max(min(b, at), a)) for e, a, b in self.waiting)
+                self.last_end = max([self.last_end, *(b for _, _, b in self.waiting)])  # no audio twice
             elif isinstance(event, SegmentEnd):
                 first = round(event.audio_start * SAMPLE_RATE)
                 last = first + event.audio.size
                 short = event.end - event.start < CONTEXT_SPEECH_S
                 a = min(first, max(self.last_end, self.origin, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE)))
                 self.waiting.append((event, a, last + round(UNHEARD_AFTER_S * SAMPLE_RATE) if short else -1))
-                self.last_end = last
+                self.last_end = max(self.last_end, last)
 
-    def ready(self, flush: bool = False) -> list[tuple[SegmentEnd, _Context | None]]:
+    def ready(self, flush: bool = False, hold: int | None = None) -> list[tuple[SegmentEnd, _Context | None]]:
+        """The segments whose context has been read, in order; a segment whose context reaches `hold` (where the
+        audio of speech that may yet be a segment starts) waits for that speech's verdict."""
         out = []
-        while self.waiting and (flush or self.waiting[0][2] <= self.read_to):
+        while self.waiting and (flush or self.waiting[0][2] <= self.read_to) and (
+                flush or hold is None or self.waiting[0][2] <= hold):
             end, a, b = self.waiting.popleft()
             context = None
             if b >= 0:
@@ -319,7 +324,7 @@ class SegmentStream:
                 if packer is None or around is None:
                     return all(self._put(loop, e) for e in events if isinstance(e, SegmentEnd))
                 around.events(events)
-                for end, context in around.ready(flush):
+                for end, context in around.ready(flush, segmenter.faint_from):
                     for item in packer.add(end, context):
                         if not self._put(loop, item):
                             return False

@@ -40,6 +40,12 @@ own."""
 FAINT_ONSET_S = 1.0
 """...but a stretch this long that runs into a segment's start is speech of its own (a phrase said under the breath,
 or in a noisy room, before a louder one), not only its onset."""
+FAINT_LOUD_DB = 40.0
+"""A window this far above the noise floor carries an open stretch of faint speech on, whatever Silero gives it: a
+voice Silero does not know (a falsetto) is loud all through a phrase of which it hears only a few windows."""
+FLOOR_RISE_DB_S = 3.0
+"""The noise floor (the quietest recent window outside every segment, digital silence aside) rises this fast, so
+that it follows a room that grows noisier."""
 FAINT_AFTER_S = 1.0
 """A stretch of faint speech that starts this soon after a segment's speech ends is its trailing sound (a breath, an
 echo, a word said again under the breath), not speech of its own."""
@@ -151,9 +157,10 @@ class Segmenter:
     """Per-session streaming segmentation. Feed 16 kHz float32 audio of any chunk size.
 
     With `faint`, a stretch outside every segment whose windows Silero hears only faintly (`FAINT_THRESHOLD`) for
-    `FAINT_MIN_S` or more is a segment too, announced when it ends: speech such as a falsetto phrase that never
-    reaches the threshold. Files use it, where the engine's no-speech verdict can drop such a segment quietly; live
-    sessions do not, where a segment is shown as it is heard."""
+    `FAINT_MIN_S` or more is a segment too, announced when it ends: speech such as a falsetto phrase that never reaches
+    the threshold. Windows far louder than the noise floor (`FAINT_LOUD_DB`) carry such a stretch over those Silero does
+    not hear at all. Files use it, where the engine's no-speech verdict can drop such a segment quietly; live sessions
+    do not, where a segment is shown as it is heard."""
 
     def __init__(self, config: VADConfig | None = None, model: SileroVAD | None = None, faint: bool = False) -> None:
         self.config = config or VADConfig()
@@ -162,7 +169,9 @@ class Segmenter:
         self._faint: _Buffer | None = None  # the open stretch of faint speech, its padding before it first
         self._faint_origin = 0  # stream sample index of its buffer's position 0
         self._faint_start = 0
-        self._faint_last = 0  # stream sample index just past its last faint window
+        self._faint_last = 0  # stream sample index just past its last faint (or loud) window
+        self._faint_heard = 0  # ...just past its last window Silero heard as faint speech
+        self._floor: float | None = None  # noise floor, dB
         self._spoken = -(10**9)  # stream sample index where the last segment's speech ended
         self.state = self.model.new_state()
         ms = SAMPLE_RATE // 1000
@@ -207,6 +216,12 @@ class Segmenter:
     def audio_so_far(self) -> np.ndarray:
         """The open segment's audio (with leading padding); an unchanging view, no copy."""
         return self._buf.view() if self._buf is not None else np.zeros(0, dtype=np.float32)
+
+    @property
+    def faint_from(self) -> int | None:
+        """Stream sample index where the open stretch of faint speech's audio starts (it may yet be a segment, whose
+        `SegmentStart` comes when it ends), else None."""
+        return self._faint_origin if self._faint is not None else None
 
     @property
     def paused(self) -> bool:
@@ -303,7 +318,18 @@ class Segmenter:
         elif self.samples - self._speech_start >= self._max_len:
             self._split(events)
 
+    def _loud(self, window: np.ndarray) -> bool:
+        """Whether the window is `FAINT_LOUD_DB` above the noise floor, which it updates."""
+        energy = float(np.dot(window, window))
+        if energy < QUIET_ENERGY:
+            return False
+        level = 10.0 * float(np.log10(energy / WINDOW))
+        rise = FLOOR_RISE_DB_S * WINDOW / SAMPLE_RATE
+        self._floor = level if self._floor is None else min(level, self._floor + rise)
+        return level >= self._floor + FAINT_LOUD_DB
+
     def _track_faint(self, pos: int, window: np.ndarray, p: float, events: list[VADEvent]) -> None:
+        loud = self._loud(window)
         if self._faint is None:
             if p < FAINT_THRESHOLD or pos < self._spoken + FAINT_AFTER_S * SAMPLE_RATE:
                 return
@@ -312,10 +338,12 @@ class Segmenter:
             self._faint.append(pre)
             self._faint_origin = pos + WINDOW - pre.size
             self._faint_start = pos
-            self._faint_last = pos + WINDOW
+            self._faint_last = self._faint_heard = pos + WINDOW
             return
         self._faint.append(window)
         if p >= FAINT_THRESHOLD:
+            self._faint_last = self._faint_heard = pos + WINDOW
+        elif loud:
             self._faint_last = pos + WINDOW
         ended = pos + WINDOW - self._faint_last > FAINT_GAP * WINDOW
         if ended or self._faint_last - self._faint_start >= self._max_len:
@@ -325,7 +353,7 @@ class Segmenter:
         """End the open stretch of faint speech: a segment if it is long enough and not only a segment's onset; its
         audio stops `before` (where the segment that closes it starts its audio)."""
         buf, self._faint = self._faint, None
-        length = self._faint_last - self._faint_start
+        length = self._faint_heard - self._faint_start
         if buf is None or length < FAINT_MIN_S * SAMPLE_RATE or (onset and length < FAINT_ONSET_S * SAMPLE_RATE):
             return
         stop = self._faint_last + self._pad_after if before is None else min(before, self._faint_last + self._pad_after)
