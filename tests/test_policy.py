@@ -85,6 +85,16 @@ def test_a_phrase_the_speakers_say_again_is_not_a_loop():
     assert loops([looped], reference) == [looped]
 
 
+def test_a_word_said_over_and_over_and_written_once_more_is_miscounted_not_looped():
+    """`mfa-words` says "word" five times in a row; the long recording's timed reading once wrote it six times (a
+    breath after the last read as one more), which the policy's rule for one word calls a loop. Against the
+    reference, one more of a single word is a miscount; two more, or a phrase once more, is a loop."""
+    reference = "here's some more word word word word word"
+    assert loops(["Here's some more word, word, word, word, word. Word."], reference) == []
+    assert loops(["Here's some more word, word, word, word, word, word, word."], reference)
+    assert loops(["Here's some more. Here's some more."], reference)
+
+
 def test_a_decode_asked_without_fallback_is_tried_once_and_marked_when_rejected():
     import asyncio
 

@@ -161,7 +161,8 @@ def lost_speech(compilation: Compilation, alone: dict[str, str], answer: str) ->
 def loops(hypotheses: list[str], reference: str | None = None) -> list[str]:
     """The hypotheses that repeat themselves back to back; with a `reference`, only those that repeat a run more
     times in a row than the reference repeats any run of that many words (clips that say the same phrase one after
-    another, as tests/data's "Montreal Forced Aligner" recordings do, are not a loop)."""
+    another, as tests/data's "Montreal Forced Aligner" recordings do, are not a loop), a single word more than once
+    more (a word said five times and written six, as `mfa-words` is, is miscounted, not a loop)."""
     out = []
     for h in hypotheses:
         at = find_loop(h)
@@ -170,7 +171,7 @@ def loops(hypotheses: list[str], reference: str | None = None) -> list[str]:
         keys = [word_key(w) for w in h.split()]
         n = next(k for k in range(1, at + 1) if keys[at - k:at] == keys[at:at + k])
         if reference is None or _most_repeats(keys[at - n:], n, 0) > _most_repeats(
-                [word_key(w) for w in reference.split()], n):
+                [word_key(w) for w in reference.split()], n) + (n == 1):
             out.append(h)
     return out
 
