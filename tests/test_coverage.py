@@ -146,6 +146,19 @@ class Scripted(EngineBase):
         return self.answers[audio.size]
 
 
+
+class InTurn(Scripted):
+    """Answers each clip with the next of `answers`, whatever its length (a segment decoded twice); records what it
+    was asked."""
+
+    def __init__(self, answers: Sequence[Transcription]) -> None:
+        super().__init__({})
+        self.turns = iter(answers)
+
+    async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
+        self.asked.append((audio.size, options))
+        return next(self.turns)
+
 def window(parts: Sequence[float]) -> Window:
     """A window packing segments of these lengths (seconds), each all speech but 0.2 s of padding at each end."""
     sizes = [round(p * SAMPLE_RATE) for p in parts]
@@ -337,14 +350,7 @@ def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():
         (0.3, 1.0, "Four"), (1.1, 1.8, "five."))),))
     whole = Transcription("Four five. Six seven eight nine.", duration=8.0, segments=(
         TimedText(0.2, 2.0, "Four five."), TimedText(3.0, 7.8, "Six seven eight nine.")))
-    answers = iter([short, whole])
-
-    class Twice(Scripted):
-        async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-            self.asked.append((audio.size, options))
-            return next(answers)
-
-    engine = Twice({})
+    engine = InTurn([short, whole])
     got = account(engine, w, first, TranscribeOptions())
     assert got.text == "One two three. Four five. Six seven eight nine."
     assert [(size, o.timestamps) for size, o in engine.asked] == [(8 * SAMPLE_RATE, False), (8 * SAMPLE_RATE, True)]
@@ -368,14 +374,7 @@ def test_an_answer_decoded_again_with_a_shorter_gap_is_replaced_only_by_one_that
     assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short)) == []
     assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short), coverage.GAP_AGAIN_S) == [0]
     whole = Transcription(second, duration=5.0, segments=(TimedText(0.2, 4.8, second),))
-    answers = iter([short, whole])
-
-    class Twice(Scripted):
-        async def _decode(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
-            self.asked.append((audio.size, options))
-            return next(answers)
-
-    engine = Twice({})
+    engine = InTurn([short, whole])
     got = account(engine, w, first, TranscribeOptions())
     assert [(size, o.timestamps) for size, o in engine.asked] == [(5 * SAMPLE_RATE, False), (5 * SAMPLE_RATE, True)]
     assert got.text == "One two three. " + (second if second.startswith("Mend") else said)

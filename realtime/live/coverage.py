@@ -20,7 +20,6 @@ gives no times cannot be checked this way: its windows hold one segment each (`c
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 from difflib import SequenceMatcher
@@ -184,15 +183,11 @@ def keeps(again: Transcription, first: Transcription) -> bool:
     (a falsetto) writes other words, and the first answer stands."""
     if policy.rejected(again):
         return False
-    said, more = _words(first.text), _words(again.text)
+    said, more = ([k for k in map(policy.word_key, r.text.split()) if k] for r in (first, again))
     if len(more) <= len(said):
         return False
     matcher = SequenceMatcher(None, said, more, autojunk=False)
     return sum(block.size for block in matcher.get_matching_blocks()) >= KEPT_SHARE * len(said)
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[\w']+", text.lower())
 
 
 def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False, gap: float = GAP_S

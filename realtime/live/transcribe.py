@@ -237,8 +237,8 @@ class _Surroundings:
         """The segments whose context has been read, in order; a segment whose context reaches `hold` (where the
         audio of speech that may yet be a segment starts) waits for that speech's verdict."""
         out = []
-        while self.waiting and (flush or self.waiting[0][2] <= self.read_to) and (
-                flush or hold is None or self.waiting[0][2] <= hold):
+        limit = self.read_to if hold is None else min(self.read_to, hold)
+        while self.waiting and (flush or self.waiting[0][2] <= limit):
             end, a, b = self.waiting.popleft()
             context = None
             if b >= 0:
