@@ -127,6 +127,17 @@ def relay(browser: Browser, tmp: Path, turn: Coturn, wav: Path, holder_wav: Path
         page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
         clicked = time.monotonic()
         r["admitted"] = watch(page, 40, lambda s: len(s["finals"]) >= 2)
+        if not r["admitted"]["finals"] and app.health()["limits"]["connections"] == 0:
+            # no session came of the click (ci48, four workers on a loaded machine: no final and no time limit in
+            # 80 s); what the page showed is kept for the test to print, and the visitor's next step is taken once:
+            # the page loaded again and started again
+            r["first_try"] = {**r["admitted"], "health": app.health(), "log": r["requests"][-40:]}
+            page.screenshot(path=str(shots / "space-first-try.png"), full_page=True)
+            page.close()
+            page = open_page(browser, app, r["requests"])
+            page.locator('#rt-webrtc button[aria-label="start stream"]').click(timeout=10_000)
+            clicked = time.monotonic()
+            r["admitted"] = watch(page, 40, lambda s: len(s["finals"]) >= 2)
         r["admitted"]["text_s"] = round(time.monotonic() - clicked, 1)
         r["ice_pairs"] = page.evaluate(PAIRS)
         page.screenshot(path=str(shots / "space-relay.png"), full_page=True)
