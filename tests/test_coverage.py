@@ -85,17 +85,31 @@ def test_a_word_across_two_segments_was_stretched_over_speech_the_decode_skipped
 def test_a_decode_that_stopped_inside_the_segment_before_a_skipped_one_makes_it_suspect():
     """Seed 7102 of `bench file --random`: two clips with a pause the VAD did not cut at made one segment; the decode
     read the first ("A thin stripe runs down the middle.") and stopped, skipping the second clip and the next two
-    segments. The first segment looked covered (a 1.6 s gap, 7 words in 4.5 s), but its last second has no text
-    and the segment after it none at all: it goes back with them."""
+    segments. The first segment looked covered by a lone segment's gap (1.6 s, 7 words in 4.5 s), but its last
+    second has no text and the segment after it none at all: it goes back with them."""
     speech = [(0.2, 4.7), (5.1, 6.3), (6.7, 12.1)]
     said = [(0.0, 0.5), (0.5, 1.0), (1.0, 1.4), (1.4, 1.9), (1.9, 2.3), (2.3, 2.4), (2.4, 2.7)]
-    assert coverage.uncovered(speech, said) == [1, 2]
+    assert coverage.uncovered(speech, said, coverage.LONE_GAP_S) == [1, 2]
+    assert coverage.uncovered(speech, said) == [0, 1, 2]
     assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2]
     spoken = [*said, (2.9, 3.3), (3.4, 3.9), (4.0, 4.6)]  # the second sentence read: its edge has text
     assert coverage.unaccounted(speech, spoken, words=True) == [1, 2]
     assert coverage.bare_edge((6.7, 12.1), [(7.0, 8.0)], at_end=False) is False
     assert coverage.bare_edge((6.7, 12.1), [(8.5, 9.0)], at_end=False) is True
     assert coverage.bare_edge((0.0, 0.9), [], at_end=True) is False, "a short segment is judged by its gaps"
+
+
+def test_a_short_sentence_skipped_at_the_end_of_a_long_segment_is_uncovered():
+    """Seed 7644 of `bench file --random`: "Mend the coat before you go out" (2 s) followed a 13 s sentence 0.17 s
+    later, so the VAD made them one segment; the window's decode skipped it, and the long sentence's 32 words left
+    1.6 s of the segment's end without text: more than a window's gap, less than a lone segment's."""
+    speech = [(1.75, 10.14), (10.54, 23.56), (23.96, 26.55)]
+    said = [(1.8 + 0.5 * k, 2.2 + 0.5 * k) for k in range(16)]
+    said += [(10.6 + 0.3445 * k, 10.9 + 0.3445 * k) for k in range(32)]
+    said += [(24.0 + 0.28 * k, 24.3 + 0.28 * k) for k in range(9)]
+    assert coverage.longest_gap(speech[1], said) == pytest.approx(1.58, abs=0.02)
+    assert coverage.uncovered(speech, said, coverage.LONE_GAP_S) == []
+    assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2], "with its neighbours, as it has words"
 
 
 def test_a_long_segment_whose_text_stops_halfway_is_uncovered():
@@ -358,10 +372,10 @@ def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():
 
 @pytest.mark.parametrize("second", ["Mend the coat. That high level, the air is pure.",
                                     "A little bit behind me, go straight back to the left."])
-def test_an_answer_decoded_again_with_a_shorter_gap_is_replaced_only_by_one_that_keeps_it(second: str):
+def test_a_lone_answer_short_by_the_window_gap_only_is_replaced_only_by_one_that_keeps_it(second: str):
     """Seed 7313 of `bench file --random`: a segment holding two sentences, skipped in its window, whose own decode
-    skipped the first sentence again and spread the second's words over 1.2 s less than the whole: short of the
-    window's gap, but held to `GAP_AGAIN_S` as an answer decoded again. Decoded once more with timestamps, that answer
+    skipped the first sentence again and spread the second's words over 1.2 s less than the whole: short of a lone
+    segment's gap (`LONE_GAP_S`), but not of a window's (`GAP_S`). Decoded once more with timestamps, that answer
     stands where it says what the first said and more; a second decode that says other words (Whisper lost in a
     voice it barely knows, the long recording's falsetto clip) does not."""
     w = window([3.0, 5.0])
@@ -371,8 +385,8 @@ def test_an_answer_decoded_again_with_a_shorter_gap_is_replaced_only_by_one_that
     short = Transcription(said, duration=5.0, segments=(TimedText(0.0, 5.0, said, words(
         (2.0, 2.4, "That"), (2.4, 2.8, "high"), (2.8, 3.3, "level,"), (3.3, 3.5, "the"), (3.5, 3.9, "air"),
         (3.9, 4.2, "is"), (4.2, 4.8, "pure."))),))
-    assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short)) == []
-    assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short), coverage.GAP_AGAIN_S) == [0]
+    assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short), coverage.LONE_GAP_S) == []
+    assert coverage.uncovered(w.sub(1, 2).speech, coverage.timing(short)) == [0]
     whole = Transcription(second, duration=5.0, segments=(TimedText(0.2, 4.8, second),))
     engine = InTurn([short, whole])
     got = account(engine, w, first, TranscribeOptions())

@@ -31,11 +31,12 @@ from ..engines.types import TranscribeOptions, Transcription
 Span = tuple[float, float]
 """(start, end) in seconds from the start of a clip."""
 
-GAP_S = 2.0
-"""A stretch of speech this long with no text over it is a loss."""
-GAP_AGAIN_S = 1.0
-"""...in the answer for segments decoded again, this long: it is the answer that stands for speech a decode skipped
-once, and a decode that skipped a sentence may skip it again and align the words beside it over part of it."""
+GAP_S = 1.0
+"""A stretch of speech this long with no text over it is a loss: the words beside a short sentence a decode skipped
+in the middle of a long segment are aligned up to its edges, so little more than its own length shows."""
+LONE_GAP_S = 2.0
+"""...in the answer for a lone segment, this long (a decode of one segment has no sentence to skip to): shorter, it
+is decoded once more, and that answer must keep the first (`keeps`)."""
 GAP_SHARE = 0.6
 """So is a stretch over this share of a shorter segment's speech."""
 MIN_SPEECH_S = 0.25
@@ -177,8 +178,8 @@ def stretched(speech: Sequence[Span], words: Sequence[Span]) -> list[int]:
 
 
 def keeps(again: Transcription, first: Transcription) -> bool:
-    """Whether a second decode of a lone segment stands for a first one that looked short only by the looser gap of
-    an answer decoded again (`GAP_AGAIN_S`): it was not rejected, says more, and says `KEPT_SHARE` of what the first
+    """Whether a second decode of a lone segment stands for a first one that looked short by `GAP_S` but not by
+    `LONE_GAP_S`: it was not rejected, says more, and says `KEPT_SHARE` of what the first
     said, in order. A decode that skipped a sentence gains it; one that lost its way in a voice Whisper barely knows
     (a falsetto) writes other words, and the first answer stands."""
     if policy.rejected(again):
@@ -214,7 +215,7 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_
     return out
 
 
-__all__ = ["EDGE_S", "GAP_AGAIN_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONG_WORD_S", "MIN_SPEECH_S",
+__all__ = ["EDGE_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONE_GAP_S", "LONG_WORD_S", "MIN_SPEECH_S",
            "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "STRETCH_S", "Span", "bare_edge", "check_options",
            "checkable", "keeps", "longest_gap", "piece_timing", "redecode_options", "stretched", "suspect", "timing",
            "unaccounted", "uncovered", "window_options", "words_in"]

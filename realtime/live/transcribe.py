@@ -487,26 +487,25 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
 
 async def _check(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
                  asked: TranscribeOptions, again: bool = False) -> Transcription | BaseException:
-    """The coverage rule on a window's result, its answers spliced in (see `_account`); the answer for segments
-    decoded `again` is held to `coverage.GAP_AGAIN_S`."""
+    """The coverage rule on a window's result, its answers spliced in (see `_account`); the answer for a lone
+    segment decoded `again` is held to `coverage.GAP_S` through `coverage.keeps`."""
     spans = coverage.timing(result)
     speech = window.heard_speech
     rejected = policy.rejected(result)
     checked = bool(spans) and not rejected and len(speech) > 1  # the answers are checked in turn
-    gap = coverage.GAP_AGAIN_S if again else coverage.GAP_S
-    loose = False  # a lone segment short only by the looser gap: its second answer must keep the first
+    loose = False  # a lone segment short by GAP_S only: its second answer must keep the first
     if spans is None or rejected:
         missing = list(range(len(speech))) if len(speech) > 1 else []
     elif not checked:
-        missing = coverage.uncovered(speech, spans)
+        missing = coverage.uncovered(speech, spans, coverage.LONE_GAP_S)
         if not missing and again:
-            missing = coverage.uncovered(speech, spans, gap)
+            missing = coverage.uncovered(speech, spans)
             loose = bool(missing)
     else:
-        missing = coverage.unaccounted(speech, spans, words=bool(result.words), gap=gap)
+        missing = coverage.unaccounted(speech, spans, words=bool(result.words))
         pieces = coverage.piece_timing(result) if result.words else None
         if pieces:  # timed pieces with their words: either can look covered where the other does not
-            missing = sorted({*missing, *coverage.unaccounted(speech, pieces, gap=gap)})
+            missing = sorted({*missing, *coverage.unaccounted(speech, pieces)})
         missing = _whole_pieces(window, result, missing)
     if not missing:
         return result
