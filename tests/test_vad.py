@@ -149,6 +149,34 @@ def test_loud_audio_carries_faint_speech_over_the_windows_silero_does_not_hear()
 
 
 @pytest.mark.fast
+def test_loud_audio_before_a_faint_window_starts_the_stretch_of_faint_speech():
+    """`bench file --random` seed 7653: `mfa-falsetto2` 1.2 s after a segment, 1.7 s loud, of which Silero gave
+    0.1 or more only to its last four windows (0.13 s): too short to be faint speech, and the phrase was lost. The
+    loud windows before a faint one start its stretch (back to a second after the last segment's speech); a second
+    or more of them is a segment, less is not (a breath, a click)."""
+    w = WINDOW / 16000
+    quiet, loud = 1e-4, 0.05  # -80 and -26 dBFS
+
+    def replay_with(levels: list[float], probabilities: list[float]) -> list:
+        seg = Segmenter(model=Replay(probabilities), faint=True)
+        audio = np.concatenate([np.full(WINDOW, x, np.float32) for x in levels])
+        return [e for e in seg.feed(audio) + seg.flush() if isinstance(e, SegmentEnd)]
+
+    unheard, burst = [0.02] * 50, [0.15] * 4
+    got = replay_with([quiet] * 20 + [loud] * 54 + [quiet] * 20, [0.02] * 20 + unheard + burst + [0.02] * 20)
+    assert [(e.start, e.end) for e in got] == [(pytest.approx(20 * w), pytest.approx(74 * w))]
+    assert got[0].audio_start == pytest.approx(21 * w - VADConfig().pad_before_ms / 1000, abs=1e-6)
+    assert not replay_with([quiet] * 20 + [quiet] * 50 + [loud] * 4 + [quiet] * 20,
+                           [0.02] * 20 + unheard + burst + [0.02] * 20), "quiet before it: a burst alone"
+    assert not replay_with([quiet] * 50 + [loud] * 24 + [quiet] * 20,
+                           [0.02] * 50 + unheard[:20] + burst + [0.02] * 20), "0.77 s of loud windows is too short"
+    after = [0.02] * 20 + [0.9] * 20 + [0.02] * 10  # a segment whose speech ends 0.32 s before the loud windows
+    got = replay_with([quiet] * 20 + [loud] * 20 + [quiet] * 10 + [loud] * 54 + [quiet] * 20,
+                      after + unheard + burst + [0.02] * 20)
+    assert [round(e.start / w) for e in got] == [20, 72], "the first second after a segment's speech is its trail"
+
+
+@pytest.mark.fast
 def test_a_long_stretch_of_faint_speech_before_a_segment_is_a_segment_of_its_own():
     """`bench file --random` seed 7161: in a noisy recording Silero gave "and I'm saying a bunch of different words"
     0.2 to 0.4 for 2.3 s, up to a segment's start, and the whole phrase was dropped as that segment's onset. A

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,12 @@ that it follows a room that grows noisier."""
 FAINT_AFTER_S = 1.0
 """A stretch of faint speech that starts this soon after a segment's speech ends is its trailing sound (a breath, an
 echo, a word said again under the breath), not speech of its own."""
+FAINT_BACK_S = 3.0
+"""A stretch of faint speech starts where the loud windows (`FAINT_LOUD_DB`) before its first faint one start, up to
+this far back: a voice Silero does not know may be loud for a second or more before Silero gives it a window."""
+FAINT_LOUD_MIN_S = 1.0
+"""...and is a segment of its own if it is this long to its last faint window, though its faint windows alone are
+shorter than `FAINT_MIN_S` (a breath or a click before a faint window is not that long)."""
 
 def _silero_model_path() -> Path:
     spec = importlib.util.find_spec("silero_vad")
@@ -171,7 +178,12 @@ class Segmenter:
         self._faint_start = 0
         self._faint_last = 0  # stream sample index just past its last faint (or loud) window
         self._faint_heard = 0  # ...just past its last window Silero heard as faint speech
+        self._faint_first = 0  # stream sample index of its first window Silero heard as faint speech
         self._floor: float | None = None  # noise floor, dB
+        self._loud_from: int | None = None  # stream sample index where the current run of loud windows started
+        self._loud_last = 0  # ...just past its last loud window
+        self._recent: deque[tuple[int, np.ndarray]] = deque(
+            maxlen=int((FAINT_BACK_S * SAMPLE_RATE + self.config.pad_before_ms * SAMPLE_RATE // 1000) // WINDOW) + 2)
         self._spoken = -(10**9)  # stream sample index where the last segment's speech ended
         self.state = self.model.new_state()
         ms = SAMPLE_RATE // 1000
@@ -220,8 +232,16 @@ class Segmenter:
     @property
     def faint_from(self) -> int | None:
         """Stream sample index where the open stretch of faint speech's audio starts (it may yet be a segment, whose
-        `SegmentStart` comes when it ends), else None."""
-        return self._faint_origin if self._faint is not None else None
+        `SegmentStart` comes when it ends), or where it would start if a run of loud windows became one; else None."""
+        if self._faint is not None:
+            return self._faint_origin
+        if self._loud_from is None or not self.faint:
+            return None
+        return self._origin(max(self._loud_from, self._spoken + int(FAINT_AFTER_S * SAMPLE_RATE)))
+
+    def _origin(self, start: int) -> int:
+        """Where the audio of a stretch of faint speech that starts at `start` starts: its padding, as a preroll."""
+        return start + WINDOW - self._pad_before if self._pad_before else start
 
     @property
     def paused(self) -> bool:
@@ -330,15 +350,29 @@ class Segmenter:
 
     def _track_faint(self, pos: int, window: np.ndarray, p: float, events: list[VADEvent]) -> None:
         loud = self._loud(window)
+        self._recent.append((pos, window))
         if self._faint is None:
-            if p < FAINT_THRESHOLD or pos < self._spoken + FAINT_AFTER_S * SAMPLE_RATE:
+            if loud:
+                self._loud_from = pos if self._loud_from is None else self._loud_from
+                self._loud_last = pos + WINDOW
+            elif self._loud_from is not None and pos + WINDOW - self._loud_last > FAINT_GAP * WINDOW:
+                self._loud_from = None
+            after = self._spoken + int(FAINT_AFTER_S * SAMPLE_RATE)
+            if p < FAINT_THRESHOLD or pos < after:
                 return
-            pre = self._preroll if self._pad_before else window  # the preroll ends with this window
+            start = pos
+            if self._loud_from is not None:
+                start = max(self._loud_from, after, pos - int(FAINT_BACK_S * SAMPLE_RATE))
+                start += (pos - start) % WINDOW  # on a window's start
+            origin = self._origin(start)
+            kept = [(at, w) for at, w in self._recent if at + w.size > origin]  # this window is the last
             self._faint = _Buffer(int(SAMPLE_RATE * 2))
-            self._faint.append(pre)
-            self._faint_origin = pos + WINDOW - pre.size
-            self._faint_start = pos
+            for at, w in kept:
+                self._faint.append(w[max(0, origin - at):])
+            self._faint_origin = max(origin, kept[0][0])
+            self._faint_start, self._faint_first = start, pos
             self._faint_last = self._faint_heard = pos + WINDOW
+            self._loud_from = None
             return
         self._faint.append(window)
         if p >= FAINT_THRESHOLD:
@@ -353,18 +387,26 @@ class Segmenter:
         """End the open stretch of faint speech: a segment if it is long enough and not only a segment's onset; its
         audio stops `before` (where the segment that closes it starts its audio)."""
         buf, self._faint = self._faint, None
-        length = self._faint_heard - self._faint_start
-        if buf is None or length < FAINT_MIN_S * SAMPLE_RATE or (onset and length < FAINT_ONSET_S * SAMPLE_RATE):
+        heard, loud = self._faint_heard - self._faint_first, self._faint_heard - self._faint_start
+        if heard >= FAINT_MIN_S * SAMPLE_RATE:  # long enough by its faint windows: it starts at the first
+            first = self._faint_first
+        elif self._faint_start < self._faint_first and loud >= FAINT_LOUD_MIN_S * SAMPLE_RATE:
+            first = self._faint_start
+        else:
+            return
+        if buf is None or (onset and heard < FAINT_ONSET_S * SAMPLE_RATE):
             return
         stop = self._faint_last + self._pad_after if before is None else min(before, self._faint_last + self._pad_after)
+        origin = max(self._faint_origin, self._origin(first))
         index, self._next_index = self._next_index, self._next_index + 1
-        start, end = self._faint_start / SAMPLE_RATE, min(self._faint_last, stop) / SAMPLE_RATE
-        audio = buf.view(0, stop - self._faint_origin).copy()
-        events += [SegmentStart(index, start), SegmentEnd(index, start, end, audio, False,
-                                                          self._faint_origin / SAMPLE_RATE)]
+        start, end = first / SAMPLE_RATE, min(self._faint_last, stop) / SAMPLE_RATE
+        audio = buf.view(origin - self._faint_origin, stop - self._faint_origin).copy()
+        events += [SegmentStart(index, start), SegmentEnd(index, start, end, audio, False, origin / SAMPLE_RATE)]
 
     def _open(self, pos: int, window: np.ndarray, carry: np.ndarray | None = None) -> None:
         self.active = True
+        self._loud_from = None
+        self._recent.clear()
         self._announced = False
         pre = self._preroll if carry is None else carry
         self._buf = _Buffer(int(SAMPLE_RATE * 4))
