@@ -112,6 +112,16 @@ def test_a_short_sentence_skipped_at_the_end_of_a_long_segment_is_uncovered():
     assert coverage.unaccounted(speech, said, words=True) == [0, 1, 2], "with its neighbours, as it has words"
 
 
+def test_a_phrase_skipped_at_a_segments_start_is_uncovered():
+    """Seed 8230 of `bench file --random`: "so this is the sick corpus" opened a 6.6 s segment, and the window's
+    decode began it at "I have a cold", 1.3 s in; with the reach of the words on either side, 0.8 s showed bare."""
+    speech = [(15.46, 18.06), (18.46, 25.02)]
+    said = [(15.5 + 0.3 * k, 15.76 + 0.3 * k) for k in range(9)]
+    said += [(19.76 + 0.36 * k, 20.0 + 0.36 * k) for k in range(14)]
+    assert coverage.longest_gap(speech[1], said) == pytest.approx(0.8, abs=0.02)
+    assert coverage.unaccounted(speech, said, words=True) == [0, 1]
+
+
 def test_a_long_segment_whose_text_stops_halfway_is_uncovered():
     assert coverage.uncovered([(0.0, 12.0)], [(0.1, 5.0)]) == [0]
     spoken = [(0.1 + 0.4 * k, 0.4 + 0.4 * k) for k in range(12)] + [(5.2 + 0.4 * k, 5.5 + 0.4 * k) for k in range(15)]

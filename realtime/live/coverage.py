@@ -31,9 +31,10 @@ from ..engines.types import TranscribeOptions, Transcription
 Span = tuple[float, float]
 """(start, end) in seconds from the start of a clip."""
 
-GAP_S = 1.0
-"""A stretch of speech this long with no text over it is a loss: the words beside a short sentence a decode skipped
-in the middle of a long segment are aligned up to its edges, so little more than its own length shows."""
+GAP_S = 0.6
+"""A stretch of speech this long with no text over it is a loss: a pause within a segment is shorter than the VAD's
+minimum silence, and the words on either side of a phrase a decode skipped reach `REACH_S` into it, so a phrase of
+1.4 s shows as 0.6 s."""
 LONE_GAP_S = 2.0
 """...in the answer for a lone segment, this long (a decode of one segment has no sentence to skip to): shorter, it
 is decoded once more, and that answer must keep the first (`keeps`)."""
