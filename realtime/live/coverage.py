@@ -192,12 +192,10 @@ def keeps(again: Transcription, first: Transcription) -> bool:
     return sum(block.size for block in matcher.get_matching_blocks()) >= KEPT_SHARE * len(said)
 
 
-def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False, gap: float = GAP_S
-                ) -> list[int]:
-    """The segments of a packed window to decode again: `uncovered` ones (with `gap` for `GAP_S`), those an aligned
-    word is `stretched` across (when `covered` are words' own times, not a piece's shared out), and those they make
-    `suspect`."""
-    missing = {*uncovered(speech, covered, gap), *(stretched(speech, covered) if words else ())}
+def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False) -> list[int]:
+    """The segments of a packed window to decode again: `uncovered` ones, those an aligned word is `stretched`
+    across (when `covered` are words' own times, not a piece's shared out), and those they make `suspect`."""
+    missing = {*uncovered(speech, covered), *(stretched(speech, covered) if words else ())}
     return suspect(speech, covered, sorted(missing))
 
 

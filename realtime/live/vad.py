@@ -235,9 +235,14 @@ class Segmenter:
         `SegmentStart` comes when it ends), or where it would start if a run of loud windows became one; else None."""
         if self._faint is not None:
             return self._faint_origin
-        if self._loud_from is None or not self.faint:
+        if self._loud_from is None:  # only a file's segmenter (`faint`) tracks loud windows
             return None
-        return self._origin(max(self._loud_from, self._spoken + int(FAINT_AFTER_S * SAMPLE_RATE)))
+        return self._origin(max(self._loud_from, self._trail_end))
+
+    @property
+    def _trail_end(self) -> int:
+        """Stream sample index where the last segment's trailing sound (`FAINT_AFTER_S`) ends."""
+        return self._spoken + int(FAINT_AFTER_S * SAMPLE_RATE)
 
     def _origin(self, start: int) -> int:
         """Where the audio of a stretch of faint speech that starts at `start` starts: its padding, as a preroll."""
@@ -357,7 +362,7 @@ class Segmenter:
                 self._loud_last = pos + WINDOW
             elif self._loud_from is not None and pos + WINDOW - self._loud_last > FAINT_GAP * WINDOW:
                 self._loud_from = None
-            after = self._spoken + int(FAINT_AFTER_S * SAMPLE_RATE)
+            after = self._trail_end
             if p < FAINT_THRESHOLD or pos < after:
                 return
             start = pos
@@ -387,6 +392,8 @@ class Segmenter:
         """End the open stretch of faint speech: a segment if it is long enough and not only a segment's onset; its
         audio stops `before` (where the segment that closes it starts its audio)."""
         buf, self._faint = self._faint, None
+        if buf is None:
+            return
         heard, loud = self._faint_heard - self._faint_first, self._faint_heard - self._faint_start
         if heard >= FAINT_MIN_S * SAMPLE_RATE:  # long enough by its faint windows: it starts at the first
             first = self._faint_first
@@ -394,7 +401,7 @@ class Segmenter:
             first = self._faint_start
         else:
             return
-        if buf is None or (onset and heard < FAINT_ONSET_S * SAMPLE_RATE):
+        if onset and heard < FAINT_ONSET_S * SAMPLE_RATE:
             return
         stop = self._faint_last + self._pad_after if before is None else min(before, self._faint_last + self._pad_after)
         origin = max(self._faint_origin, self._origin(first))
