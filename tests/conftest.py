@@ -277,6 +277,15 @@ class App:
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=60).json()
 
+    def idle(self, timeout: float = 60.0) -> dict:
+        """/health once the server has no session and no connection left (it notices a hang-up a moment later)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            health = self.health()
+            if (health["sessions"], health["limits"]["connections"]) == (0, 0) or time.monotonic() > deadline:
+                return health
+            time.sleep(0.2)
+
 
 def launch(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240) -> App:
     """Start `python app.py` in a subprocess (as a user would) and wait until /health says ready.

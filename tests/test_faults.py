@@ -40,16 +40,6 @@ from speech import SENTENCES, compose, wer
 pytest_plugins = ["live_apps"]
 
 
-def _wait_idle(app: App, timeout: float = 60.0) -> dict[str, Any]:
-    """/health once the server has no session and no connection left (it notices a hang-up a moment later)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        health = app.health()
-        if (health["sessions"], health["limits"]["connections"]) == (0, 0) or time.monotonic() > deadline:
-            return health
-        time.sleep(0.2)
-
-
 def _openai_error(r: httpx.Response, status: int) -> dict[str, Any]:
     assert r.status_code == status, (r.status_code, r.text)
     err = r.json()["error"]
@@ -147,7 +137,7 @@ def test_remote_endpoint_fault_gives_errors_not_losses_and_the_session_goes_on(f
         r = httpx.post(f"{app.url}/v1/audio/transcriptions", files={"file": ("a.wav", one.path.read_bytes())},
                        timeout=SETTLE_S)
         assert r.status_code == 200 and r.json()["text"].startswith("segment"), r.text
-        assert app.health()["ready"] and _wait_idle(app)["sessions"] == 0
+        assert app.health()["ready"] and app.idle()["sessions"] == 0
         assert "Traceback" not in app.log.read_text()
     finally:
         _answering(endpoint)
@@ -185,7 +175,7 @@ def test_client_that_stops_sending_is_reclaimed_and_keeps_its_finals(tmp_path, s
         assert finals[2] and wer(speech.texts[2], finals[2]) < 0.7, "the sentence it was in went to a final"
         txt = httpx.get(f"{app.url}/transcript/{peer.webrtc_id}.txt")
         assert txt.status_code == 200 and txt.text.split("\n")[:3] == finals
-        health = _wait_idle(app)
+        health = app.idle()
         assert (health["sessions"], health["limits"]["connections"]) == (0, 0), "the connection was not reclaimed"
         assert health["limits"]["reclaimed"] == {"no_audio": 1}
     finally:

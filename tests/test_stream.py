@@ -64,6 +64,7 @@ def live(app: App, speech_dir) -> Live:
             await peer.finished(len(speech.texts), reaching=speech.spans[-1][0])
             return peer
 
+    app.idle()  # the worker's app: a session another test left closing would move the counters too
     before = scrape(app.url)
     peer = asyncio.run(stream())
     return Live(speech, peer, before, scrape(app.url))
