@@ -200,3 +200,27 @@ def test_the_idle_hook_runs_each_time_the_queue_empties(engine):
         return idle
 
     assert asyncio.run(scenario()) == [3, 4]
+
+
+def test_a_speculative_final_counts_only_once_its_session_adopts_it(engine, clips):
+    """A session queues a segment's final at a pause; if speech resumes the job is withdrawn, decoded or not. The
+    finals counter (`realtime_finals_total`) counts the finals a session took, not the withdrawn decodes (a fast
+    engine finished one inside a comma's pause, and the live metrics test read 4 finals for 3)."""
+    async def scenario() -> tuple[int, int, int]:
+        worker = Worker(engine)
+        worker.start()
+        withdrawn = Job("s", 0, clips[0], "final", speculative=True)
+        adopted_late = Job("s", 0, clips[0], "final", speculative=True)
+        await asyncio.gather(worker.submit(withdrawn), worker.submit(adopted_late))
+        after_decodes = worker.stats.finals
+        worker.cancel(withdrawn)
+        worker.adopt(adopted_late)
+        adopted_early = Job("s", 1, clips[1], "final", speculative=True)
+        future = worker.submit(adopted_early)
+        worker.adopt(adopted_early)
+        await future
+        await worker.submit(Job("s", 2, clips[2], "final"))
+        await worker.stop()
+        return after_decodes, worker.stats.finals - after_decodes, worker.stats.finals
+
+    assert asyncio.run(scenario()) == (0, 3, 3)

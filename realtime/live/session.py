@@ -137,6 +137,7 @@ class TranscriptionSession:
         self._emit(SpeechStopped(event.segment, event.start, event.end))
         spec, self._speculative = self._speculative, None
         if spec is not None and spec.matches(event.segment, event.end) and not spec.job.future.cancelled():
+            self.worker.adopt(spec.job)
             future = spec.job.future
         else:
             if spec is not None:
@@ -167,7 +168,7 @@ class TranscriptionSession:
             audio = padded[2]
         if spec is not None:
             self.worker.cancel(spec.job)
-        job = Job(self.id, segment, audio, "final", self.options)
+        job = Job(self.id, segment, audio, "final", self.options, speculative=True)
         self.worker.submit(job)
         self._speculative = _Speculative(segment, end, job)
 

@@ -44,6 +44,8 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     on_text: Callable[[str], None] | None = None
     """For engines that stream: called with the text so far while the job decodes."""
+    speculative: bool = False
+    """A final decoded before its segment has closed: it counts as a final once the session `adopt`s it."""
 
 
 @dataclass
@@ -140,6 +142,13 @@ class Worker:
         elif self._partials.get(job.session) is job:
             del self._partials[job.session]
         job.future.cancel()
+
+    def adopt(self, job: Job) -> None:
+        """A speculative final is its segment's final after all (the pause closed the segment): it counts."""
+        if job.speculative:
+            job.speculative = False
+            if job.future.done() and not job.future.cancelled() and job.future.exception() is None:
+                self.stats.finals += 1
 
     def has_partial(self, session: str) -> bool:
         return session in self._partials or any(j.session == session and j.kind == "partial" for j in self._running)
@@ -261,7 +270,7 @@ class Worker:
                         )
                     else:
                         if job.kind == "final":
-                            self.stats.finals += 1
+                            self.stats.finals += not job.speculative
                         elif job.kind == "file":
                             self.stats.files += 1
                         else:
