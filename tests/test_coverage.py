@@ -363,6 +363,30 @@ def test_a_packed_window_whose_greedy_decode_was_rejected_has_each_segment_decod
     assert [o.fallback for _, o in engine.asked] == [True, True]
 
 
+def test_a_packed_window_cut_where_its_decode_started_over_keeps_its_text_and_decodes_the_rest_together():
+    """Seed 8303 of `bench file --random`: a window of eleven segments whose greedy decode the policy rejected as a
+    loop where two clips in a row say "Montreal forced aligner". Decoded alone, a segment of a speaker with a cold
+    lost the phrase around it ("I have a cold soil price"). The text up to the repeat stands for the segments it
+    covers (`policy.cut_at_loop`), and the rest are decoded again together, as after any early end."""
+    w = window([3.0, 4.0, 3.5])
+    said = "One two three."
+    cut = Transcription(said, duration=10.0, segments=(TimedText(0.0, 10.0, said, words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."))),), extra={"rejected": "loop", "temperature": 0.0})
+    rest = Transcription("Four five six seven. Eight nine ten eleven.", duration=7.5, segments=(TimedText(
+        0.0, 7.5, "Four five six seven. Eight nine ten eleven.", words(
+            (0.3, 1.1, "Four"), (1.2, 2.0, "five"), (2.1, 2.9, "six"), (3.0, 3.7, "seven."), (4.3, 5.0, "Eight"),
+            (5.1, 5.8, "nine"), (5.9, 6.5, "ten"), (6.6, 7.2, "eleven."))),))
+    engine = Scripted({w.sub(1, 3).audio.size: rest})
+    got = account(engine, w, cut, TranscribeOptions())
+    assert got.text == "One two three. Four five six seven. Eight nine ten eleven."
+    assert got.extra["redecoded"] == [1, 2]
+    assert [size for size, _ in engine.asked] == [w.sub(1, 3).audio.size]
+    guess = replace(cut, extra={"rejected": "guess", "temperature": 0.0})
+    alone = Scripted({w.part_audio(k).size: Transcription(t, duration=3.0) for k, t in enumerate(
+        ["One two three.", "Four five six seven.", "Eight nine ten eleven."])})
+    assert account(alone, w, guess, TranscribeOptions()).extra["redecoded"] == [0, 1, 2]
+
+
 def test_an_answer_decoded_alone_that_stops_short_is_decoded_with_timestamps():
     """A segment holding two sentences, skipped in its window, and whose own decode ends after the first: that
     answer is checked too, and the segment decoded once more with Whisper's timestamps (long-form decoding carries

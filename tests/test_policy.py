@@ -113,3 +113,30 @@ def test_a_decode_asked_without_fallback_is_tried_once_and_marked_when_rejected(
     assert asked == [None, *policy.FINAL_TEMPERATURES[1:]] and policy.rejected(sampled)
     assert policy.temperatures(TranscribeOptions(fallback=False)) == (0.0,)
     assert policy.temperatures(TranscribeOptions(fallback=False, temperature=0.4)) == (0.4,)
+
+
+def test_a_rejection_says_whether_the_text_up_to_its_loop_passes():
+    """A packed window's greedy decode asked without fallback (realtime/live/coverage.py) is rejected where it
+    starts over, and a window of several clips can say the same phrase twice (seed 8303 of `bench file --random`:
+    "Montreal forced aligner" in two clips in a row): the text up to the repeat stands for the speech it covers
+    (`cut_at_loop`). A guess, or a loop whose first run is itself a guess, stands for nothing."""
+    import asyncio
+
+    from realtime.engines import TranscribeOptions, Transcription
+
+    said = "No Montreal forced aligner. Montreal forced aligner? I hardly know her."
+    assert policy.rejection(Hypothesis(said, -0.3, 0.01)) == policy.LOOP
+    assert policy.rejection(Hypothesis(said, -1.5, 0.01)) == policy.GUESS
+    assert policy.rejection(Hypothesis("One two three four.", -1.5, 0.01)) == policy.GUESS
+
+    def decoded(text: str, logprob: float, fallback: bool = False) -> Transcription:
+        async def decode(options: TranscribeOptions) -> Transcription:
+            return Transcription(text, duration=5.0, avg_logprob=logprob, no_speech_prob=0.01)
+        return asyncio.run(policy.with_fallback(decode, TranscribeOptions(fallback=fallback)))
+
+    cut = decoded(said, -0.3)
+    assert policy.rejected(cut) and policy.cut_at_loop(cut) and cut.text == "No Montreal forced aligner."
+    assert policy.rejected(decoded(said, -1.5)) and not policy.cut_at_loop(decoded(said, -1.5))
+    assert not policy.rejected(decoded("No Montreal forced aligner.", -0.3))
+    sampled = decoded(said, -0.3, fallback=True)
+    assert policy.rejected(sampled) and not policy.cut_at_loop(sampled)

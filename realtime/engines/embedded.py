@@ -392,7 +392,8 @@ class EmbeddedEngine(EngineBase):
                     segments=(TimedText(0.0, duration, text),) if text else (),
                     no_speech_prob=h.no_speech_prob, avg_logprob=float(h.avg_logprob or 0.0),
                     extra={"temperature": temperature, "encoder_frames": frames,
-                           **({policy.REJECTED: True} if verdict == "retry" and not options.fallback else {})},
+                           **({policy.REJECTED: policy.rejection(h)}
+                              if verdict == "retry" and not options.fallback else {})},
                 )
             todo = retry
             if not todo:
@@ -510,7 +511,7 @@ class EmbeddedEngine(EngineBase):
             avg_logprob=float(np.mean(logprobs)) if logprobs else None,
             engine_seconds=time.perf_counter() - t0,
             extra={"language_probability": float(info.language_probability), "temperature": temperature,
-                   **({policy.REJECTED: True} if rejected else {})},
+                   **({policy.REJECTED: policy.GUESS} if rejected else {})},
         )
 
     async def close(self) -> None:

@@ -149,7 +149,18 @@ def settle(h: Hypothesis) -> str:
 
 
 REJECTED = "rejected"
-"""The `extra` key of a result whose last decode the policy rejected (asked without fallback)."""
+"""The `extra` key of a result whose last decode the policy rejected (asked without fallback): its `rejection`."""
+LOOP = "loop"
+"""The rejection of a decode whose only fault is that it starts over: its text up to there passes (`settle`)."""
+GUESS = "guess"
+"""Any other rejection: the decode's text is not to be trusted."""
+
+
+def rejection(h: Hypothesis) -> str:
+    """Why the policy rejects a decode (`judge` says "retry"): `LOOP` where its text cut where it starts over would
+    pass, else `GUESS`."""
+    trimmed = trim_loop(h.text)
+    return LOOP if trimmed != h.text and judge(dataclasses.replace(h, text=trimmed)) == "ok" else GUESS
 
 
 def temperatures(options: TranscribeOptions) -> tuple[float, ...]:
@@ -166,6 +177,13 @@ def rejected(result: Transcription) -> bool:
     return bool(result.extra.get(REJECTED)) or float(result.extra.get("temperature") or 0.0) > 0.0
 
 
+def cut_at_loop(result: Transcription) -> bool:
+    """Whether a result asked without fallback is its greedy decode cut where it started over, the rest passing
+    (`LOOP`): its text stands for the audio it covers. Speech can say a phrase twice, and a packed window of
+    several clips may hold the same words in two of them."""
+    return result.extra.get(REJECTED) == LOOP and float(result.extra.get("temperature") or 0.0) == 0.0
+
+
 async def with_fallback(decode: Callable[[TranscribeOptions], Awaitable[Transcription]],
                         options: TranscribeOptions) -> Transcription:
     """For engines that decode one clip per request: greedy first, then each higher temperature while the
@@ -178,7 +196,7 @@ async def with_fallback(decode: Callable[[TranscribeOptions], Awaitable[Transcri
         if verdict == "retry" and n < len(temps) - 1:
             continue
         if verdict == "retry" and not options.fallback:
-            result = dataclasses.replace(result, extra={**result.extra, REJECTED: True})
+            result = dataclasses.replace(result, extra={**result.extra, REJECTED: rejection(h)})
         text = settle(h)
         if text == result.text:
             return result

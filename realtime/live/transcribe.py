@@ -491,7 +491,7 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
     segment decoded `again` is held to `coverage.GAP_S` through `coverage.keeps`."""
     spans = coverage.timing(result)
     speech = window.heard_speech
-    rejected = policy.rejected(result)
+    rejected = policy.rejected(result) and not policy.cut_at_loop(result)
     checked = bool(spans) and not rejected and len(speech) > 1  # the answers are checked in turn
     loose = False  # a lone segment short by GAP_S only: its second answer must keep the first
     if spans is None or rejected:
@@ -540,8 +540,9 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
     ended early leaves the rest of the window to be decoded with its context), a single one alone, each answer
     checked in turn as a window of its own, down to a lone segment decoded as `redecode_options` says, whose answer
     stands. A result without times (an endpoint that gave none), or one sampled after the greedy decode was
-    rejected, has every segment of a packed window decoded alone, as asked. A text format's window stays one piece,
-    and word times the caller did not ask for are dropped from the result."""
+    rejected, has every segment of a packed window decoded alone, as asked; a greedy decode rejected only for
+    starting over is its text up to there (`policy.cut_at_loop`), checked as any. A text format's window stays one
+    piece, and word times the caller did not ask for are dropped from the result."""
     checked = await _check(worker, name, window, result, options, asked)
     if isinstance(checked, BaseException):
         return checked
