@@ -82,6 +82,22 @@ def test_a_word_across_two_segments_was_stretched_over_speech_the_decode_skipped
     assert coverage.stretched([(0.2, 2.6), (3.0, 5.3), (19.9, 22.2), (22.6, 24.4)], whole) == [0, 1, 2, 3]
 
 
+def test_a_brief_segment_with_an_aligned_word_over_its_speech_has_its_text():
+    """Seed 8622 of `bench file --random`: the VAD heard a speaker with a cold in a noisy room for a few hundredths
+    of a second at a time, each a segment with the recording around it. The window's decode read the phrase, its
+    aligned words over those hundredths but their middles beside them; all four brief segments went back, decoded
+    alone they read "Yes?" and "this", and "probably sound quite different than" was lost. A word overlapping a brief
+    segment's speech is text over it; a timed piece's words shared out evenly say less, and only their middles
+    count."""
+    speech = [(0.2, 5.5), (6.94, 7.01), (7.68, 7.74), (8.7, 10.0)]
+    said = [(0.3, 1.1), (1.1, 1.9), (1.9, 2.7), (2.7, 3.5), (3.5, 4.3), (4.3, 5.4), (6.96, 7.52), (7.52, 7.8),
+            (8.8, 9.5), (9.5, 9.9)]
+    assert coverage.unaccounted(speech, said, words=True) == []
+    assert coverage.unaccounted(speech, said) == [1, 2], "a piece's words: the middles only"
+    assert coverage.unaccounted(speech, said, brief=False) == []
+    assert coverage.unaccounted(speech, said[:6] + said[8:], words=True) == [1, 2], "no word there: a skip"
+
+
 def test_a_decode_that_stopped_inside_the_segment_before_a_skipped_one_makes_it_suspect():
     """Seed 7102 of `bench file --random`: two clips with a pause the VAD did not cut at made one segment; the decode
     read the first ("A thin stripe runs down the middle.") and stopped, skipping the second clip and the next two

@@ -134,16 +134,24 @@ def words_in(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> int
     return sum(start - reach <= (a + b) / 2 < end + reach for a, b in covered)
 
 
-def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[int]) -> list[int]:
+def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[int], words: bool = False,
+            brief: bool = True) -> list[int]:
     """`missing` (uncovered segments of a packed window) with the neighbours of each one that holds words, the
-    neighbours whose speech has no text over its last (before) or first (after) `EDGE_S` seconds, and the segments
-    too brief to be judged by their speech that got no word. Words over a segment that is not covered were
-    stretched there from a sentence beside it, and the decode may have skipped that sentence's first or last words
-    too; a decode that stopped early may have stopped inside the segment before, a sentence short of its end (two
-    sentences with a pause the VAD did not cut at); the VAD may hear a fraction of a second of a voice it does not
-    know (a falsetto) whose phrase is in the audio around it."""
-    out = set(missing) | {i for i, span in enumerate(speech) if span[1] - span[0] < MIN_SPEECH_S
-                          and not words_in(span, covered, reach=0.0)}
+    neighbours whose speech has no text over its last (before) or first (after) `EDGE_S` seconds, and (with `brief`)
+    the segments too brief to be judged by their speech that got no word (`covered` are words' own times where
+    `words`: one that overlaps the speech counts; else a word's middle in it). Words over a segment that is not
+    covered were stretched there from a sentence beside it, and the decode may have skipped that sentence's first or
+    last words too; a decode that stopped early may have stopped inside the segment before, a sentence short of its
+    end (two sentences with a pause the VAD did not cut at); the VAD may hear a fraction of a second of a voice it
+    does not know (a falsetto) whose phrase is in the audio around it, or a few hundredths of a second of each word
+    of a speaker with a cold, whose aligned words lie over those hundredths without their middles in them."""
+    def said_over(span: Span) -> bool:
+        if words:
+            return any(min(b, span[1]) > max(a, span[0]) for a, b in covered)
+        return bool(words_in(span, covered, reach=0.0))
+
+    out = set(missing) | {i for i, span in enumerate(speech) if brief and span[1] - span[0] < MIN_SPEECH_S
+                          and not said_over(span)}
     for i in missing:
         if words_in(speech[i], covered):
             out |= {j for j in (i - 1, i + 1) if 0 <= j < len(speech)}
@@ -192,11 +200,12 @@ def keeps(again: Transcription, first: Transcription) -> bool:
     return sum(block.size for block in matcher.get_matching_blocks()) >= KEPT_SHARE * len(said)
 
 
-def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False) -> list[int]:
+def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False, brief: bool = True) -> list[int]:
     """The segments of a packed window to decode again: `uncovered` ones, those an aligned word is `stretched`
-    across (when `covered` are words' own times, not a piece's shared out), and those they make `suspect`."""
+    across (when `covered` are words' own times, not a piece's shared out), and those they make `suspect` (brief
+    ones with `brief`: a result's timed pieces checked beside its words leave those to the words)."""
     missing = {*uncovered(speech, covered), *(stretched(speech, covered) if words else ())}
-    return suspect(speech, covered, sorted(missing))
+    return suspect(speech, covered, sorted(missing), words, brief)
 
 
 def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_S) -> list[int]:

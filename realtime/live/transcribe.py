@@ -505,7 +505,7 @@ async def _check(worker: Worker, name: str, window: Window, result: Transcriptio
         missing = coverage.unaccounted(speech, spans, words=bool(result.words))
         pieces = coverage.piece_timing(result) if result.words else None
         if pieces:  # timed pieces with their words: either can look covered where the other does not
-            missing = sorted({*missing, *coverage.unaccounted(speech, pieces)})
+            missing = sorted({*missing, *coverage.unaccounted(speech, pieces, brief=False)})
         missing = _whole_pieces(window, result, missing)
     if not missing:
         return result
