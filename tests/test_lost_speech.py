@@ -52,7 +52,7 @@ def test_random_compilations_lose_no_speech(engine, readings, tmp_path, record_p
 @pytest.mark.xdist_group("lost-speech")
 @pytest.mark.parametrize(("seed", "timed"), [(7102, False), (7161, False), (7313, False), (7334, True), (7415, False),
                                                (7644, False), (7653, False), (8230, False), (8303, False),
-                                               (8622, False), (8622, True)])
+                                               (8622, False), (8622, True), (8848, False)])
 def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readings, tmp_path, seed, timed):
     """`bench file --random` seed 7102: two short clips with a pause the VAD did not cut at were one segment, and the
     window's decode stopped after the first, skipping "What joy there is in living?" inside a segment that looked
@@ -69,7 +69,9 @@ def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readi
     rejected as a loop where two clips say "Montreal forced aligner", its segments decoded alone, and the speaker with
     a cold misread without the sentences around ("I have a cold soil price", `policy.cut_at_loop`). Seed 8622 (both
     paths): that speaker heard by the VAD for a few hundredths of a second at a time, brief segments whose aligned
-    words' middles lay beside them, decoded again alone ("Yes?"), and the phrase lost (`coverage.suspect`)."""
+    words' middles lay beside them, decoded again alone ("Yes?"), and the phrase lost (`coverage.suspect`). Seed 8848
+    (every path but the remote): a window full inside that phrase, the next one begun without its start and misread
+    (realtime/live/transcribe.py, `CUT_SHARE`)."""
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], timed)[0]
     assert not lost_speech(comp, readings["timed" if timed else "text"], answer), answer

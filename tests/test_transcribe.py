@@ -18,6 +18,7 @@ from realtime.live.transcribe import (
     CONTEXT_BEFORE_S,
     CONTEXT_SPEECH_S,
     SegmentStream,
+    _Packer,
     _Surroundings,
     transcribe_file,
 )
@@ -60,6 +61,26 @@ def test_window_never_exceeds_its_length(engine, recording, per_segment):
     # a window holds whole segments: its span starts and ends on segment boundaries
     starts, ends = {e.start for e in per_segment}, {e.end for e in per_segment}
     assert all(w.start in starts and w.end in ends for w in windows)
+
+
+def test_a_full_window_ends_at_its_longest_pause_not_inside_a_phrase():
+    """Seed 8848 of `bench file --random`: a window filled up inside a phrase of a speaker with a cold (two segments
+    0.7 s apart, after a 5 s pause), and the next window, which began without the phrase's start, read "I have a cold
+    so I probably sound quite" as "I also apply something". A full window ends at the longest pause between its
+    segments once it holds `CUT_SHARE` of its length; the segments after it start the next window."""
+    def segment(start: float, end: float) -> SegmentEnd:
+        audio = np.zeros(round((end - start + 0.4) * SAMPLE_RATE), np.float32)
+        return SegmentEnd(0, start, end, audio, False, start - 0.2)
+
+    def packed(speech: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        packer = _Packer(28.0)
+        windows = [w for a, b in speech for w in packer.add(segment(a, b))] + packer.flush()
+        return [(w.start, w.end) for w in windows]
+
+    assert packed([(0.0, 8.0), (9.0, 17.0), (18.0, 24.0), (29.0, 29.5), (30.2, 32.0), (33.0, 36.0)]) == [
+        (0.0, 24.0), (29.0, 36.0)]
+    # under CUT_SHARE of the window before its longest pause: it ends where it is full
+    assert packed([(0.0, 8.0), (9.0, 13.0), (18.0, 25.0), (26.0, 33.0), (34.0, 36.0)]) == [(0.0, 33.0), (34.0, 36.0)]
 
 
 def test_chunked_encoding_matches_one_call(engine, recording, monkeypatch):

@@ -123,6 +123,10 @@ class Window(SegmentEnd):
         return at + (t - offset)
 
 
+CUT_SHARE = 0.75
+"""A full window ends at the longest pause between its segments after this share of its length (`_Packer._cut`)."""
+
+
 class _Packer:
     """Packs consecutive segments into windows of at most `seconds` of audio (a longer segment stays alone) and at
     most `max_parts` segments; a short segment beside unheard speech has that audio as its part of a window it
@@ -136,20 +140,44 @@ class _Packer:
         self.size = 0
         self.index = 0
 
+    @staticmethod
+    def _size(end: SegmentEnd, context: _Context | None) -> int:
+        return max(end.audio.size, context.unheard[0].size if context and context.unheard else 0)
+
     def add(self, end: SegmentEnd, context: _Context | None = None) -> list[SegmentEnd]:
-        size = max(end.audio.size, context.unheard[0].size if context and context.unheard else 0)
+        size = self._size(end, context)
         full = self.size + size > self.limit or len(self.parts) == (self.max_parts or -1)
-        out = [self._emit()] if self.parts and full else []
+        out = [self._emit(self._cut(end, size))] if self.parts and full else []
         self.parts.append(end)
         self.contexts.append(context)
         self.size += size
         return out
 
     def flush(self) -> list[SegmentEnd]:
-        return [self._emit()] if self.parts else []
+        return [self._emit(len(self.parts))] if self.parts else []
 
-    def _emit(self) -> Window:
-        parts, contexts, self.parts, self.contexts, self.size = self.parts, self.contexts, [], [], 0
+    def _cut(self, end: SegmentEnd, size: int) -> int:
+        """Where a full window ends (its first parts go, the rest start the next window with `end`): at the longest
+        pause between its segments' speech once it holds `CUT_SHARE` of its length, so that a window does not end
+        inside a phrase that the next one would then begin without its start."""
+        sizes = [self._size(p, c) for p, c in zip(self.parts, self.contexts, strict=True)]
+        best, longest = len(self.parts), end.start - self.parts[-1].end
+        held = sum(sizes)
+        for k in range(len(self.parts) - 1, 0, -1):
+            held -= sizes[k]
+            carried = self.size - held + size
+            if held < CUT_SHARE * self.limit or carried > self.limit or (
+                    self.max_parts and len(self.parts) - k + 1 > self.max_parts):
+                break
+            pause = self.parts[k].start - self.parts[k - 1].end
+            if pause > longest:
+                best, longest = k, pause
+        return best
+
+    def _emit(self, cut: int) -> Window:
+        parts, contexts = self.parts[:cut], self.contexts[:cut]
+        self.parts, self.contexts = self.parts[cut:], self.contexts[cut:]
+        self.size = sum(self._size(p, c) for p, c in zip(self.parts, self.contexts, strict=True))
         context, context_start = contexts[0].around if len(parts) == 1 and contexts[0] else (None, 0.0)
         if len(parts) > 1:  # a short segment beside unheard speech: its part is that audio
             parts = [replace(p, audio=c.unheard[0], audio_start=c.unheard[1]) if c and c.unheard else p
