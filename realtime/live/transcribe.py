@@ -8,9 +8,10 @@ come out in order. Given an engine instead of a worker, a worker of its own serv
 
 With `window_s`, consecutive segments are packed into windows of up to that many seconds (the silence between
 them dropped) before they reach the engine: Whisper sees neighbouring sentences, as faster-whisper's own
-long-form and batched pipelines let it, which cuts errors on isolated short sentences. Formats with times ask
-the engine for Whisper's timestamps and get one entry per timed piece, mapped back to the file's time
-(`timed_entries`); text formats take a window as one entry.
+long-form and batched pipelines let it, which cuts errors on isolated short sentences. A full window ends at the
+longest pause between its segments in its last part (`CUT_SHARE`), so that the next does not begin inside a
+phrase. Formats with times ask the engine for Whisper's timestamps and get one entry per timed piece, mapped back
+to the file's time (`timed_entries`); text formats take a window as one entry.
 
 A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of speech) is decoded with the recording
 around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's audio or context
