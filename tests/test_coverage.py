@@ -98,6 +98,20 @@ def test_a_brief_segment_with_an_aligned_word_over_its_speech_has_its_text():
     assert coverage.unaccounted(speech, said[:6] + said[8:], words=True) == [1, 2], "no word there: a skip"
 
 
+def test_words_aligned_after_a_window_start_without_text_are_suspect():
+    """Seed 9517 of `bench file --random`: a window of eight segments whose decode read only its first two clips
+    ("No, this is a long stop.") and stopped; alignment put those six words over the last segment's 4.4 s, so that
+    one looked covered and its sentence ("He began a confused complaint against the wizard ...") was lost while the
+    first seven went back. Whisper reads a window from its start: the first segment with words after a start
+    without any goes back with them."""
+    speech = [(0.2, 0.62), (1.02, 2.14), (2.54, 4.87), (5.27, 6.78), (7.18, 9.64), (10.04, 12.02), (12.42, 19.14),
+              (19.54, 23.93)]
+    said = [(20.36, 20.92), (21.3, 21.44), (21.44, 22.5), (22.5, 23.6), (23.6, 23.72), (23.72, 23.9)]
+    assert coverage.unaccounted(speech, said, words=True) == list(range(8))
+    assert coverage.unaccounted(speech[:2] + speech[-1:], [(0.3, 0.6), (1.1, 1.5), (1.5, 2.0), *said], words=True) == [], (
+        "text at the start: the last segment's words are its own")
+
+
 def test_a_decode_that_stopped_inside_the_segment_before_a_skipped_one_makes_it_suspect():
     """Seed 7102 of `bench file --random`: two clips with a pause the VAD did not cut at made one segment; the decode
     read the first ("A thin stripe runs down the middle.") and stopped, skipping the second clip and the next two

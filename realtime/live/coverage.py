@@ -144,7 +144,9 @@ def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[i
     last words too; a decode that stopped early may have stopped inside the segment before, a sentence short of its
     end (two sentences with a pause the VAD did not cut at); the VAD may hear a fraction of a second of a voice it
     does not know (a falsetto) whose phrase is in the audio around it, or a few hundredths of a second of each word
-    of a speaker with a cold, whose aligned words lie over those hundredths without their middles in them."""
+    of a speaker with a cold, whose aligned words lie over those hundredths without their middles in them. And the
+    first segment with words after a start of the window that has none: Whisper reads a window from its start, and
+    a decode that stopped early may have its words aligned at the end, over a segment it never read."""
     def said_over(span: Span) -> bool:
         if words:
             return any(min(b, span[1]) > max(a, span[0]) for a, b in covered)
@@ -152,6 +154,10 @@ def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[i
 
     out = set(missing) | {i for i, span in enumerate(speech) if brief and span[1] - span[0] < MIN_SPEECH_S
                           and not said_over(span)}
+    worded = next((i for i, span in enumerate(speech) if words_in(span, covered)), None)
+    if worded and all(i in missing or speech[i][1] - speech[i][0] < MIN_SPEECH_S for i in range(worded)) and (
+            0 in missing):
+        out.add(worded)
     for i in missing:
         if words_in(speech[i], covered):
             out |= {j for j in (i - 1, i + 1) if 0 <= j < len(speech)}
