@@ -54,7 +54,8 @@ def _transcribe(args: argparse.Namespace) -> int:
                     on_segment=lambda end, into=speech: into.extend(labels.speech_spans(end, settings.vad_config())))
                 if diarizer is not None:
                     diarization = await asyncio.to_thread(labels.diarize_file, diarizer, path, speech, references)
-                    entries = [dataclasses.replace(e, words=()) for e in labels.label(entries, diarization)]
+                    entries = [dataclasses.replace(e, segment=i, words=())  # a piece cut in turns: an id each
+                               for i, e in enumerate(labels.label(entries, diarization))]
             except AudioDecodeError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 status = 2

@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import html
 import io
 import itertools
+import json
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +44,7 @@ from realtime.live.transcribe import Window
 from realtime.live.transcript import Entry
 from realtime.live.vad import SegmentEnd, Segmenter
 from realtime.speakers import Diarization, LiveSpeakers, Turn, speaker_windows
+from realtime.web import ui
 
 from conftest import ROOT, App
 from live_feed import feed
@@ -342,6 +346,44 @@ def test_diarized_json_and_srt_segments_hold_speech_not_silence_on_a_real_meetin
     assert segments and cues
     for span in segments + cues:
         assert coverage.longest_gap(span, heard, reach=0.0) < labels.TURN_PAUSE_S, (span, speech)
+
+
+def test_the_command_line_and_the_file_tab_cut_lines_where_the_speaker_changes_as_the_api_does(
+        app: App, engine, tmp_path: Path) -> None:
+    """Issue 39: one rule for every path. On a real meeting where one of Whisper's pieces holds four turns of two
+    people ("Well actually just name it. Yeah, that's it. If you don't put in there, what's it username?"), the
+    `transcribe --diarize` command and the File tab give the lines of `diarized_json`: the same texts, the same
+    speakers (letters there, "Speaker N" on the page) and the same times (the page shows tenths of a second).
+    They labelled each piece whole, by the speaker of most of its span, before they asked for words."""
+    path = DATA / "speakers" / "ami-ES2003b-0-30s.flac"
+    r = httpx.post(app.url + "/v1/audio/transcriptions", data={"response_format": "diarized_json"}, timeout=300,
+                   files={"file": (path.name, path.read_bytes(), "audio/flac")})
+    assert r.status_code == 200, r.text
+    api = [(s["start"], s["end"], s["speaker"], s["text"]) for s in r.json()["segments"]]
+    assert len({s for _, _, s, _ in api}) == 2 and len(api) > 4, api  # the piece of four turns is cut
+
+    cli = subprocess.run([sys.executable, "-m", "realtime", "transcribe", "--diarize", "--format", "json",
+                          str(path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert cli.returncode == 0, cli.stderr
+    lines = [(s["start"], s["end"], s["speaker"], s["text"]) for s in json.loads(cli.stdout)["segments"]]
+    assert [x[2:] for x in lines] == [x[2:] for x in api]
+    assert [t for x in lines for t in x[:2]] == pytest.approx([t for x in api for t in x[:2]], abs=0.002)
+    assert [s["id"] for s in json.loads(cli.stdout)["segments"]] == list(range(len(lines)))
+
+    async def file_tab() -> str:
+        service = TranscriptionService(Settings(diarize=True), engine=engine)
+        await service.start()
+        try:
+            return [text async for _, text, _ in ui.transcribe_upload(service, str(path))][-1]
+        finally:
+            await service.worker.stop()  # not service.stop(): the engine is the test session's
+
+    page = re.findall(r'rt-time">(\d+):([\d.]+) → (\d+):([\d.]+)</span>.*?title="speaker">([^<]+)</span>'
+                      r'<span class="rt-final">([^<]+)</span>', asyncio.run(file_tab()))
+    assert [(who, html.unescape(text)) for *_, who, text in page] == [
+        (f"Speaker {ord(s) - ord('A') + 1}", t) for _, _, s, t in api]
+    shown = [t for a, b, c, d, _, _ in page for t in (60 * int(a) + float(b), 60 * int(c) + float(d))]
+    assert shown == pytest.approx([t for x in api for t in x[:2]], abs=0.051)
 
 
 @pytest.mark.parametrize("fields, code", [

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE, iter_file
 from ..engines import Engine, TimedText, TranscribeOptions, Transcription, policy
+from ..engines.types import Word
 from . import coverage
 from .transcript import Entry
 from .vad import SegmentEnd, Segmenter, SegmentStart, VADConfig, VADEvent
@@ -289,10 +290,12 @@ class _Surroundings:
 
 def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> list[Entry]:
     """One entry per timed piece of a result (Whisper's own segments, in stream time), numbered from `first`;
-    a result without times is one entry for the whole segment or window."""
+    a result without times is one entry for the whole segment or window. Each carries the result's language and
+    its words in stream time, where the result has words."""
     pieces = [s for s in result.segments if s.text] if result.text else []
     if len(pieces) < 2:
-        return [Entry(first, end.start, end.end, result.text.strip())]
+        return [Entry(first, end.start, end.end, result.text.strip(), language=result.language,
+                      words=stream_words(end, result.words))]
     out = []
     for n, piece in enumerate(pieces):
         if isinstance(end, Window):
@@ -300,8 +303,21 @@ def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> lis
         else:
             start, stop = end.audio_start + piece.start, end.audio_start + piece.end
         start, stop = max(end.start, min(start, end.end)), min(end.end, max(stop, start))
-        out.append(Entry(first + n, round(start, 3), round(max(stop, start), 3), piece.text.strip()))
+        out.append(Entry(first + n, round(start, 3), round(max(stop, start), 3), piece.text.strip(),
+                         language=result.language, words=stream_words(end, piece.words)))
     return out
+
+
+def stream_words(end: SegmentEnd, words: Iterable[Word]) -> tuple[Word, ...]:
+    """Words of a segment's or window's result in stream time."""
+    out = []
+    for w in words:
+        if isinstance(end, Window):
+            start, stop = end.stream_time(w.start), end.stream_time(w.end, end=True)
+        else:
+            start, stop = end.audio_start + w.start, end.audio_start + w.end
+        out.append(Word(round(start, 3), round(max(stop, start), 3), w.word, w.probability))
+    return tuple(out)
 
 
 class SegmentStream:

@@ -52,11 +52,11 @@ from starlette.requests import ClientDisconnect
 from ..audio import SAMPLE_RATE, AudioDecodeError, decode_file
 from ..engines import EngineUnavailable, TranscribeOptions, Transcription
 from ..engines.base import unsupported_language, unsupported_translation
-from ..engines.types import APP_OWNER, CLIP_HEADER, LANE_HEADER, Word
+from ..engines.types import APP_OWNER, CLIP_HEADER, LANE_HEADER
 from ..live import coverage, labels
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
-from ..live.transcribe import SegmentStream, Window, stream_text, timed_entries, transcribe_results, window_parts
+from ..live.transcribe import SegmentStream, stream_text, timed_entries, transcribe_results, window_parts
 from ..live.transcript import Entry
 from ..live.vad import SegmentEnd
 from ..live.worker import Job
@@ -80,29 +80,6 @@ from .api_fields import (
 )
 
 log = logging.getLogger(__name__)
-
-def _file_words(end: SegmentEnd, words: tuple[Word, ...]) -> tuple[Word, ...]:
-    """Words of a segment's or window's result in the file's time."""
-    out = []
-    for w in words:
-        if isinstance(end, Window):
-            start, stop = end.stream_time(w.start), end.stream_time(w.end, end=True)
-        else:
-            start, stop = end.audio_start + w.start, end.audio_start + w.end
-        out.append(Word(round(start, 3), round(max(stop, start), 3), w.word, w.probability))
-    return tuple(out)
-
-
-def _with_words(end: SegmentEnd, result: Transcription, entries: list[Entry]) -> list[Entry]:
-    """The entries of a result with its language and their words in the file's time (an entry per timed piece,
-    or one for the whole result: `timed_entries`)."""
-    pieces = [s for s in result.segments if s.text] if result.text else []
-    groups = [p.words for p in pieces] if len(pieces) == len(entries) else [result.words] * (len(entries) == 1)
-    if len(groups) != len(entries):
-        return [dataclasses.replace(e, language=result.language) for e in entries]
-    return [dataclasses.replace(e, language=result.language, words=_file_words(end, g))
-            for e, g in zip(entries, groups, strict=True)]
-
 
 def create_router(service: TranscriptionService, *, lane_hints: bool = False) -> APIRouter:
     """The API routes bound to one TranscriptionService (its settings, engine and worker).
@@ -248,7 +225,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             async for end, result, found in results(path, options, segments):
                 language = language or result.language
                 speech += labels.speech_spans(end, settings.vad_config())
-                for entry in _with_words(end, result, found):
+                for entry in found:
                     words += [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in entry.words]
                     if not entry.text:
                         continue

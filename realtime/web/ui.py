@@ -235,7 +235,6 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
         yield render_progress(0, 0, False, 0, None, f"the {engine.name} engine is not ready; try again soon"), "", ""
         return
     chosen = picked_language(engine.languages, language, settings.language) if language else settings.language
-    options = TranscribeOptions(language=chosen, timestamps=bool(engine.timestamps))
     window = (settings.file_window_s or None) if engine.timestamps else None
     duration = await asyncio.to_thread(_probe_duration, Path(path))
     segments = _CountingStream(path, settings.vad_config(), window_s=window)
@@ -244,6 +243,9 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
     speech: list[tuple[float, float]] = []
     done, covered, language = 0, 0.0, chosen
     labelling = speakers and service.speakers_ready
+    # speaker labels go by the words' times: a line spoken by two people is cut where the speaker changes
+    options = TranscribeOptions(language=chosen, timestamps=bool(engine.timestamps),
+                                word_timestamps=bool(labelling and engine.word_timestamps))
     yield render_progress(0, 0, True, 0, duration), render_file_text([], {}), ""
     try:
         async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
@@ -265,7 +267,7 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
         return
     if labelling and entries:
         diarization = await asyncio.to_thread(labels.diarize_file, service.diarizer(), path, speech)
-        entries = labels.label(entries, diarization, numbered=True)
+        entries = [dataclasses.replace(e, words=()) for e in labels.label(entries, diarization, numbered=True)]
     text = (render_file_text(entries, languages) if entries
             else '<div class="rt-empty">No speech was found in this recording.</div>')
     yield (render_progress(done, segments.cut, False, max(covered, duration or 0), duration), text,
