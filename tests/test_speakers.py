@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 from openai import OpenAI
-from short_conversation import short_conversation
+from short_conversation import build_turns, short_conversation
 
 from realtime.audio import SAMPLE_RATE, decode_file, iter_file
-from realtime.bench.speakers import bench_speakers, der, padded, read_rttm, srt_cues
+from realtime.bench.speakers import bench_speakers, der, padded, read_rttm, srt_cues, vad_segments
 from realtime.config import Settings, VADConfig
 from realtime.engines.types import Word
 from realtime.live import coverage, labels
@@ -221,10 +221,27 @@ def test_four_real_voices_taking_turns_are_told_apart_offline_and_live(diarizer,
         assert score.confusion < 0.05 < floor.confusion, score
 
 
+def test_every_two_and_three_of_the_real_voices_are_counted_right(diarizer, tmp_path):
+    """Issue 39, the speaker count: every pair and every three of the four real voices (constructed conversations:
+    each voice's clips in turn, with pauses), cut by the VAD, clustered as a file is: the count is exact and each
+    voice keeps one label. Two sentences each, under 10 s of speech per voice: the case where a voice that says a
+    sentence or two must still be a speaker."""
+    for group in [*itertools.combinations(VOICES, 2), *itertools.combinations(VOICES, 3)]:
+        talk = build_turns(tmp_path / f"{'-'.join(group)}.flac", [(who, i) for i in (0, 1) for who in group])
+        found = diarizer.file(decode_file(talk.path), [padded(e) for e in vad_segments(talk.path)])
+        assert len(found.centroids) == len(group), (group, found.turns)
+        said: dict[str, set[int]] = {}
+        for turn in found.turns:
+            said.setdefault(voice_of(talk, turn.start, turn.end), set()).add(turn.speaker)
+        assert all(len(v) == 1 for v in said.values()) and len(said) == len(group), (group, found.turns)
+
+
 def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp_path):
     """The AMI excerpts (tests/data/speakers): DER without overlapped speech, pooled over the files, within the
     issue's bounds (offline 15 %, live 22 %) give or take a margin for the CPU's floating point, and each well
-    under the floor of everything one speaker, which shares the same missed speech."""
+    under the floor of everything one speaker, which shares the same missed speech. Offline, the count is exact on
+    four of the seven recordings of two or three voices (three when a cluster needed four windows: EN2003a's
+    three people, who say 3 to 8 s each, were one)."""
     doc = bench_speakers(argparse.Namespace(dir=str(DATA / "speakers"), out=str(tmp_path), layer_only=True))
     summary = doc["summary"]
     assert summary["files"] >= 13 and summary["minutes"] >= 6
@@ -232,7 +249,9 @@ def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp
     assert summary["offline_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["live_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["offline"] < summary["one"] and summary["live"] < summary["one"], summary
-    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == (2 + 3) + 1 + (2 + summary["files"])
+    few = [r for r in doc["files"] if r["speakers"] <= 3]  # a voice that says a sentence is a speaker
+    assert sum(r["found_offline"] == r["speakers"] for r in few) >= 4, [(r["file"], r["found_offline"]) for r in few]
+    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == (2 + 4) + 1 + (2 + summary["files"])
 
 
 def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conversation):

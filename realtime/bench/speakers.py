@@ -1,7 +1,8 @@
 """`bench speakers`: diarization error rate on recordings with RTTM references: what a user gets (the HTTP API's
 `diarized_json` segments and its srt cues with `diarize=true`, from a launched app) beside the speaker layer's own
-turns, offline (the whole file clustered) and live (each window labelled as it is heard), and a floor (everything
-one speaker); the speaker count of each, and the cost per second.
+turns, offline (the whole file clustered: on the speech the file path's speaker model hears, faint speech included,
+and on the live VAD's segments) and live (each window labelled as it is heard), and a floor (everything one
+speaker); the speaker count of each, and the cost per second.
 
 The scorer follows the standard definition (NIST md-eval, pyannote.metrics): a 10 ms grid; no scoring within
 `COLLAR_S` of a reference boundary; per frame, missed speech max(0, reference - hypothesis speakers), false alarm
@@ -97,6 +98,25 @@ def vad_segments(path: str | Path) -> list[SegmentEnd]:
     return out + [e for e in segmenter.flush() if isinstance(e, SegmentEnd)]
 
 
+def file_speech(path: str | Path) -> list[tuple[float, float]]:
+    """The speech the file path's speaker model hears (the HTTP API's, the command line's, the File tab's): the
+    segments it cuts (faint speech included) with the VAD's padding, packed as it packs them
+    (`labels.speech_spans`)."""
+    import asyncio
+
+    from ..config import WINDOW_S
+    from ..live.labels import speech_spans
+    from ..live.transcribe import SegmentStream
+
+    async def cut() -> list[tuple[float, float]]:
+        spans: list[tuple[float, float]] = []
+        async for end in SegmentStream(path, VADConfig(), window_s=WINDOW_S, max_queued=64):
+            spans += speech_spans(end)
+        return spans
+
+    return asyncio.run(cut())
+
+
 def padded(segment: SegmentEnd) -> tuple[float, float]:
     """A segment's span with the VAD's padding: the audio the engine hears, and what the speaker model windows."""
     return segment.audio_start, segment.audio_start + segment.audio.size / SAMPLE_RATE
@@ -115,6 +135,7 @@ def diarize_file(diarizer: Diarizer, path: str | Path,
     t0 = time.perf_counter()
     offline = diarizer.file(audio, speech)
     offline_s = time.perf_counter() - t0
+    on_file = diarizer.file(audio, file_speech(path))
     live = LiveSpeakers(diarizer.embedder)
     t0 = time.perf_counter()
     for seg in segments:
@@ -125,8 +146,10 @@ def diarize_file(diarizer: Diarizer, path: str | Path,
     floor = [(a, b, "0") for a, b in speech]
     row: dict[str, object] = {"file": Path(path).stem, "seconds": round(audio.size / SAMPLE_RATE, 1),
                               "speakers": len({w for *_, w in reference}),
-                              "found_offline": len(offline.centroids), "found_live": len(online.centroids)}
-    hypotheses = {**(answers or {}), "offline": _labelled(offline.turns), "live": _labelled(online.turns),
+                              "found_file_vad": len(on_file.centroids), "found_offline": len(offline.centroids),
+                              "found_live": len(online.centroids)}
+    hypotheses = {**(answers or {}), "file_vad": _labelled(on_file.turns), "offline": _labelled(offline.turns),
+                  "live": _labelled(online.turns),
                   "one": floor}
     for name, hyp in (answers or {}).items():
         row[f"found_{name}"] = len({w for *_, w in hyp})
@@ -183,9 +206,11 @@ def pooled(rows: Sequence[dict], key: str, rate: str = "der") -> float:
     return sum(r[key][rate] * r[key]["scored_s"] for r in rows) / max(total, 1e-9)
 
 
-KINDS = ("api", "srt", "offline", "live", "one")
-"""The hypotheses scored: `diarized_json`, srt with speakers, the layer's turns offline and live, one speaker."""
-NAMES = {"api": "API diarized_json", "srt": "API srt (diarize=true)", "offline": "speaker layer, offline",
+KINDS = ("api", "srt", "file_vad", "offline", "live", "one")
+"""The hypotheses scored: `diarized_json`, srt with speakers, the layer's turns offline on the speech the file path's
+speaker model hears (`file_speech`: what the API's labels go by) and on the live VAD's segments, live, one speaker."""
+NAMES = {"api": "API diarized_json", "srt": "API srt (diarize=true)",
+         "file_vad": "speaker layer, offline, on the file path's speech", "offline": "speaker layer, offline",
          "live": "speaker layer, live", "one": "everything one speaker"}
 
 

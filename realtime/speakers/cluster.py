@@ -24,8 +24,9 @@ ONLINE_MIN_NEW_S = 1.0
 MERGE_COSINE = 0.875
 """Two live speakers whose centroids come to be this alike are one (3D-Speaker's threshold for merging clusters):
 centroids average many windows, so they are more alike than single windows of different voices."""
-MIN_CLUSTER = 4
-"""A cluster of fewer windows joins the nearest larger one."""
+MIN_CLUSTER = 3
+"""A cluster of fewer windows (less speech than a sentence) joins the nearest larger one: a voice that says a
+sentence is a speaker."""
 SPECTRAL_MIN = 10
 """Fewer windows than this are clustered agglomeratively (3D-Speaker's `cluster_line`)."""
 PRUNE_KEEP = 0.02
