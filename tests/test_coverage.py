@@ -108,7 +108,8 @@ def test_words_aligned_after_a_window_start_without_text_are_suspect():
               (19.54, 23.93)]
     said = [(20.36, 20.92), (21.3, 21.44), (21.44, 22.5), (22.5, 23.6), (23.6, 23.72), (23.72, 23.9)]
     assert coverage.unaccounted(speech, said, words=True) == list(range(8))
-    assert coverage.unaccounted(speech[:2] + speech[-1:], [(0.3, 0.6), (1.1, 1.5), (1.5, 2.0), *said], words=True) == [], (
+    started = [(0.3, 0.6), (1.1, 1.5), (1.5, 2.0), *said]
+    assert coverage.unaccounted(speech[:2] + speech[-1:], started, words=True) == [], (
         "text at the start: the last segment's words are its own")
 
 

@@ -114,6 +114,7 @@ class TranscriptionService:
         if existing is not None:
             return existing
         s = self.settings
+        labelled = speakers and self.speakers_ready
         session = TranscriptionSession(
             session_id,
             self._ensure_worker(),
@@ -123,8 +124,9 @@ class TranscriptionService:
             partial_interval=s.partial_interval,
             partial_interval_max=s.partial_interval_max,
             language=s.language,
-            word_timestamps=s.word_times and self.engine.word_timestamps,
-            speakers=LiveSpeakers(self.diarizer().embedder) if speakers and self.speakers_ready else None,
+            # a final's words say where the speaker changes inside it (`TranscriptionSession._labelled`)
+            word_timestamps=(s.word_times or labelled) and self.engine.word_timestamps,
+            speakers=LiveSpeakers(self.diarizer().embedder) if labelled else None,
             speaker_pool=self._speaker_pool,
         )
         self.sessions[session_id] = session

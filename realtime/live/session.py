@@ -11,6 +11,10 @@ queued at the pause's first silent window (the after-padding not heard yet taken
 the engine has no other session's work: on a busy engine the final waits in the queue anyway, and the short
 dips inside sentences would take the engine's time from other sessions; there it is queued when the segment
 closes.
+
+A final whose words leave a stretch of its segment's speech without text (Whisper may end a decode after the first
+of two sentences said one after the other) is decoded again with Whisper's timestamps, as the file path decodes a
+lone segment (realtime/live/coverage.py).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import numpy as np
 from ..audio import SAMPLE_RATE
 from ..engines import TranscribeOptions, Transcription
 from ..engines.policy import trim_loop
-from ..speakers import LiveSpeakers, Turn
+from ..speakers import Diarization, LiveSpeakers, Turn
+from . import coverage
 from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeakerEvent, SpeechStarted, SpeechStopped
 from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
@@ -79,6 +84,7 @@ class TranscriptionSession:
         self.partial_interval = partial_interval
         self.partial_interval_max = partial_interval_max
         self.options = TranscribeOptions(language=language, word_timestamps=word_timestamps)
+        self._checked = worker.engine.word_timestamps  # a final's words say whether it holds all its speech
         self.clock = clock
         self.transcript = Transcript()
         self.closed = False
@@ -142,7 +148,7 @@ class TranscriptionSession:
         else:
             if spec is not None:
                 self.worker.cancel(spec.job)
-            future = self.worker.submit(Job(self.id, event.segment, event.audio, "final", self.options))
+            future = self.worker.submit(Job(self.id, event.segment, event.audio, "final", self.final_options))
         self._finals_pending[event.segment] = future
         future.add_done_callback(lambda f, seg=event.segment: self._on_final(seg, f))
         if self.speakers is not None:
@@ -168,7 +174,7 @@ class TranscriptionSession:
             audio = padded[2]
         if spec is not None:
             self.worker.cancel(spec.job)
-        job = Job(self.id, segment, audio, "final", self.options, speculative=True)
+        job = Job(self.id, segment, audio, "final", self.final_options, speculative=True)
         self.worker.submit(job)
         self._speculative = _Speculative(segment, end, job)
 
@@ -216,11 +222,34 @@ class TranscriptionSession:
         self.transcript.partial = Partial(segment, start, end, committed, tentative)
         self._emit(PartialEvent(segment, start, end, committed, tentative, streaming=True))
 
-    def _on_final(self, segment: int, future: asyncio.Future[Transcription]) -> None:
+    @property
+    def final_options(self) -> TranscribeOptions:
+        """A final is decoded as asked, with its words' times where the engine aligns words: the check that it
+        holds all its segment's speech (`_stopped_short`) goes by them."""
+        return coverage.check_options(self.worker.engine, self.options) if self._checked else self.options
+
+    def _stopped_short(self, end_event: SegmentEnd, result: Transcription) -> bool:
+        """Whether a final's text leaves `coverage.LONE_GAP_S` or more of its segment's speech without a word:
+        Whisper may end a segment's decode after its first sentence (two people, one after the other)."""
+        spans = coverage.timing(result) if self._checked else None
+        speech = (end_event.start - end_event.audio_start, end_event.end - end_event.audio_start)
+        return spans is not None and bool(coverage.uncovered([speech], spans, coverage.LONE_GAP_S))
+
+    def _on_final(self, segment: int, future: asyncio.Future[Transcription], again: bool = False) -> None:
         self._finals_pending.pop(segment, None)
-        end_event = self._ends.pop(segment, None)
+        end_event = self._ends.get(segment)
         if end_event is None or self.closed or future.cancelled():
+            self._ends.pop(segment, None)
             return
+        if not again and future.exception() is None and self._stopped_short(end_event, future.result()):
+            # decoded again with Whisper's timestamps, as the file path decodes a lone segment that stopped short:
+            # long-form decoding carries on past an early end, and that answer stands
+            options = coverage.redecode_options(self.worker.engine, self.final_options, self.options, packed=False)
+            redo = self.worker.submit(Job(self.id, segment, end_event.audio, "final", options))
+            self._finals_pending[segment] = redo
+            redo.add_done_callback(lambda f: self._on_final(segment, f, again=True))
+            return
+        self._ends.pop(segment, None)
         latency = max(0.0, self.clock() - self.wall_at(end_event.end))
         exc = future.exception()
         start, end = end_event.start, end_event.end
@@ -231,12 +260,15 @@ class TranscriptionSession:
         result = future.result()
         text, language = result.text, result.language
         words = tuple(dataclasses.replace(w, start=end_event.audio_start + w.start, end=end_event.audio_start + w.end)
-                      for w in result.words)  # in stream time (asked for with `options.word_timestamps`)
+                      for w in result.words) if self.options.word_timestamps else ()  # in stream time
         self.last_latency = latency
         speaker = self.speaker_label(segment)
-        self.transcript.add(Entry(segment, start, end, text, latency=latency, language=language, words=words,
-                                  speaker=speaker))
+        for entry in self._labelled(Entry(segment, start, end, text, latency=latency, language=language,
+                                          words=words)):
+            self.transcript.add(entry)
         self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words, speaker=speaker))
+        if speaker is not None and len({t.speaker for t in self._turns.get(segment, [])}) > 1:
+            self._announce(segment)  # the speaker model was done first: the turns follow the final
 
     # -- speakers
     def speaker_name(self, speaker: int) -> str:
@@ -273,11 +305,37 @@ class TranscriptionSession:
             if seg != segment:
                 self._announce(seg, revised=True)
 
+    def _labelled(self, entry: Entry) -> list[Entry]:
+        """A final's entry with its speaker, cut into runs of one speaker's words where the speaker changes inside
+        the segment and its words say where (`labels.label`, the file path's rule), else whole."""
+        label = self.speaker_label(entry.segment)
+        if label is None:
+            return [entry]
+        turns = self._turns.get(entry.segment, [])
+        if entry.words and len({t.speaker for t in turns}) > 1:
+            from .labels import label as by_words  # imports the file path, which a session without labels needs not
+
+            runs = by_words([entry], Diarization(turns, np.zeros((0, 0)), dict(self.names)), numbered=True)
+            if len({e.speaker for e in runs}) > 1:
+                return runs
+        return [dataclasses.replace(entry, speaker=label)]
+
+    def _whole(self, segment: int) -> Entry | None:
+        """The segment's final as one entry again (its runs joined), None before it is there."""
+        parts = self.transcript.entries_of(segment)
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        words = tuple(w for e in parts for w in e.words)
+        return dataclasses.replace(parts[0], start=min(e.start for e in parts), end=max(e.end for e in parts),
+                                   text="".join(w.word for w in words).strip(), words=words)
+
     def _announce(self, segment: int, revised: bool = False) -> None:
         """The segment's speaker into its transcript entry and out as an event, once its final is there."""
         label = self.speaker_label(segment)
-        if label is None or not self.transcript.relabel(segment, label):
+        whole = self._whole(segment)
+        if label is None or whole is None:
             return
+        self.transcript.replace(segment, self._labelled(whole))
         turns = tuple((t.start, t.end, self.speaker_name(t.speaker)) for t in self._turns.get(segment, []))
         self._emit(SpeakerEvent(segment, label, turns, revised=revised))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,14 +52,15 @@ class Transcript:
         if self.partial is not None and self.partial.segment <= entry.segment:
             self.partial = None
 
-    def relabel(self, segment: int, speaker: str) -> bool:
-        """Give the segment's entries this speaker; False when the segment has no entry yet."""
-        found = False
-        for i, e in enumerate(self.entries):
-            if e.segment == segment:
-                self.entries[i] = dataclasses.replace(e, speaker=speaker)
-                found = True
-        return found
+    def replace(self, segment: int, entries: list[Entry]) -> None:
+        """The segment's entries (together in segment order) replaced by `entries`: its final cut where the
+        speaker changes, or put back whole."""
+        at = [i for i, e in enumerate(self.entries) if e.segment == segment]
+        if at:
+            self.entries[at[0]:at[-1] + 1] = entries
+
+    def entries_of(self, segment: int) -> list[Entry]:
+        return [e for e in self.entries if e.segment == segment]
 
     def clear(self) -> None:
         self.entries.clear()
