@@ -400,43 +400,37 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app: App, short: Con
     assert "speaker" not in str(post(response_format="verbose_json").json()["segments"])
 
 
-def test_diarized_json_and_srt_segments_hold_speech_not_silence_on_a_real_meeting(app: App) -> None:
-    """Issue 39: no diarized_json or srt segment holds 1 s or more that neither the file path's VAD (faint speech
+def test_diarized_lines_hold_speech_and_every_path_cuts_them_where_the_speaker_changes(
+        app: App, engine, tmp_path: Path) -> None:
+    """Issue 39, on a real meeting where one of Whisper's pieces holds four turns of two people ("Well actually just
+    name it. Yeah, that's it. If you don't put in there, what's it username?").
+
+    No `diarized_json` or `verbose_json` segment holds 1 s or more that neither the file path's VAD (faint speech
     included) heard as speech nor a word covers. A word covers at most a second of its time: alignment may stretch
-    a last word over the pause after it, as in this meeting, whose segment ran 3.4 s into silence over "link."."""
+    a last word over the pause after it, as in this meeting, whose segment ran 3.4 s into silence over "link.".
+
+    One rule for every path: the `transcribe --diarize` command and the File tab give the lines of `diarized_json`,
+    the same texts, the same speakers (letters there, "Speaker N" on the page) and the same times (the page shows
+    tenths of a second). They labelled each piece whole, by the speaker of most of its span, before they asked for
+    words."""
     path = DATA / "speakers" / "ami-ES2003b-0-30s.flac"
     segmenter = Segmenter(VADConfig(), faint=True)
     cut = [e for chunk in iter_file(path) for e in segmenter.feed(chunk)] + segmenter.flush()
     speech = [padded(e) for e in cut if isinstance(e, SegmentEnd)]
 
-    def post(**fields: str) -> httpx.Response:
+    def post(**fields: str) -> dict:
         r = httpx.post(app.url + "/v1/audio/transcriptions", data=fields, timeout=300,
                        files={"file": (path.name, path.read_bytes(), "audio/flac")})
         assert r.status_code == 200, r.text
-        return r
+        return r.json()
 
-    verbose = post(response_format="verbose_json", diarize="true", **{"timestamp_granularities[]": "word"}).json()
-    heard = speech + [(w["start"], min(w["end"], w["start"] + 1.0)) for w in verbose["words"]]
-    segments = [(s["start"], s["end"]) for s in verbose["segments"]]
-    cues = [(a, b) for a, b, _ in srt_cues(post(response_format="srt", diarize="true").text)]
-    assert segments and cues
-    for span in segments + cues:
-        assert coverage.longest_gap(span, heard, reach=0.0) < labels.TURN_PAUSE_S, (span, speech)
-
-
-def test_the_command_line_and_the_file_tab_cut_lines_where_the_speaker_changes_as_the_api_does(
-        app: App, engine, tmp_path: Path) -> None:
-    """Issue 39: one rule for every path. On a real meeting where one of Whisper's pieces holds four turns of two
-    people ("Well actually just name it. Yeah, that's it. If you don't put in there, what's it username?"), the
-    `transcribe --diarize` command and the File tab give the lines of `diarized_json`: the same texts, the same
-    speakers (letters there, "Speaker N" on the page) and the same times (the page shows tenths of a second).
-    They labelled each piece whole, by the speaker of most of its span, before they asked for words."""
-    path = DATA / "speakers" / "ami-ES2003b-0-30s.flac"
-    r = httpx.post(app.url + "/v1/audio/transcriptions", data={"response_format": "diarized_json"}, timeout=300,
-                   files={"file": (path.name, path.read_bytes(), "audio/flac")})
-    assert r.status_code == 200, r.text
-    api = [(s["start"], s["end"], s["speaker"], s["text"]) for s in r.json()["segments"]]
+    verbose = post(response_format="verbose_json", diarize="true", **{"timestamp_granularities[]": "word"})
+    api = [(s["start"], s["end"], s["speaker"], s["text"]) for s in post(response_format="diarized_json")["segments"]]
     assert len({s for _, _, s, _ in api}) == 2 and len(api) > 4, api  # the piece of four turns is cut
+    heard = speech + [(w["start"], min(w["end"], w["start"] + 1.0)) for w in verbose["words"]]
+    segments = [(s["start"], s["end"]) for s in verbose["segments"]] + [(a, b) for a, b, _, _ in api]
+    for span in segments:
+        assert coverage.longest_gap(span, heard, reach=0.0) < labels.TURN_PAUSE_S, (span, speech)
 
     cli = subprocess.run([sys.executable, "-m", "realtime", "transcribe", "--diarize", "--format", "json",
                           str(path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
