@@ -267,7 +267,7 @@ class TranscriptionSession:
                                           words=words)):
             self.transcript.add(entry)
         self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words, speaker=speaker))
-        if speaker is not None and len({t.speaker for t in self._turns.get(segment, [])}) > 1:
+        if speaker is not None and _mixed(self._turns.get(segment, [])):
             self._announce(segment)  # the speaker model was done first: the turns follow the final
 
     # -- speakers
@@ -312,7 +312,7 @@ class TranscriptionSession:
         if label is None:
             return [entry]
         turns = self._turns.get(entry.segment, [])
-        if entry.words and len({t.speaker for t in turns}) > 1:
+        if entry.words and _mixed(turns):
             from .labels import label as by_words  # imports the file path, which a session without labels needs not
 
             runs = by_words([entry], Diarization(turns, np.zeros((0, 0)), dict(self.names)), numbered=True)
@@ -382,3 +382,8 @@ class TranscriptionSession:
         self._ends.clear()
         self._speculative = None
         self.segmenter = Segmenter(self.segmenter.config, self.segmenter.model)
+
+
+def _mixed(turns: list[Turn]) -> bool:
+    """More than one speaker in a segment's turns."""
+    return len({t.speaker for t in turns}) > 1
