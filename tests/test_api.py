@@ -23,6 +23,7 @@ import pytest
 import requests
 from endpoints import SSE_WORDS, FakeEndpoint
 from openai import OpenAI
+from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
 
 from realtime.audio import decode_file
 from realtime.live.memory import MIN_INTERVAL_S
@@ -128,9 +129,16 @@ def test_raw_body_with_fields_in_the_query(api, speech):
     assert r.status_code == 200 and wer(speech.text, r.text) <= 0.15
 
 
+def spelled(logprobs: list[dict]) -> str:
+    """The text that OpenAI's `logprobs` spell, spaces between words as one."""
+    return " ".join(bytes(b for t in logprobs for b in t["bytes"]).decode().split())
+
+
 def test_stream_sends_openai_text_events(api, speech):
+    """OpenAI's streaming events, with `include[]=logprobs` (issue 41): each delta's tokens spell it, and the done
+    event's are theirs in order."""
     events = []
-    with httpx.stream("POST", f"{api.url}/v1/audio/transcriptions", data={"stream": "true"},
+    with httpx.stream("POST", f"{api.url}/v1/audio/transcriptions", data={"stream": "true", "include[]": "logprobs"},
                       files={"file": ("a.wav", speech.path.read_bytes(), "audio/wav")}, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -140,6 +148,10 @@ def test_stream_sends_openai_text_events(api, speech):
     assert len(deltas) >= 2 and events[-1]["type"] == "transcript.text.done" and len(events) == len(deltas) + 1
     assert "".join(d["delta"] for d in deltas) == events[-1]["text"]
     assert wer(speech.text, events[-1]["text"]) <= 0.15
+    assert TranscriptionTextDoneEvent.model_validate(events[-1]).logprobs, "the SDK reads them"
+    for d in deltas:
+        assert TranscriptionTextDeltaEvent.model_validate(d).logprobs and spelled(d["logprobs"]) == d["delta"].strip()
+    assert events[-1]["logprobs"] == [t for d in deltas for t in d["logprobs"]]
 
 
 def test_seed_snippet_against_a_local_launch(api, speech):
@@ -192,6 +204,8 @@ def _bad_input(kind: str, speech) -> tuple[bytes | None, str, str, dict[str, str
         "bad-stream": (wav, "a.wav", "audio/wav", {"stream": "maybe"}),
         "stream-srt": (wav, "a.wav", "audio/wav", {"stream": "true", "response_format": "srt"}),
         "word-timestamps": (wav, "a.wav", "audio/wav", {"timestamp_granularities[]": "word"}),
+        "bad-include": (wav, "a.wav", "audio/wav", {"include[]": "everything"}),
+        "logprobs-verbose": (wav, "a.wav", "audio/wav", {"include[]": "logprobs", "response_format": "verbose_json"}),
     }[kind]
 
 
@@ -218,6 +232,8 @@ def _png() -> bytes:
     ("bad-stream", 422, "invalid_stream"),
     ("stream-srt", 422, "invalid_stream"),
     ("word-timestamps", 422, "invalid_timestamp_granularities"),
+    ("bad-include", 422, "invalid_include"),
+    ("logprobs-verbose", 422, "invalid_include"),
 ])
 def test_bad_requests_get_openai_errors(api, speech, kind, status, code):
     file, name, mime, fields = _bad_input(kind, speech)

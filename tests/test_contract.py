@@ -60,13 +60,16 @@ def test_every_registered_engine_declares_the_contract():
                VllmEngine.from_settings(Settings(engine="vllm", vllm_max_num_seqs=3)), ScriptedEngine()]
     for engine in engines:
         assert isinstance(engine, Engine), engine.name
-        for flag in ("timestamps", "word_timestamps", "abortable", "streaming", "multilingual", "translates", "ready"):
+        for flag in ("timestamps", "word_timestamps", "logprobs", "abortable", "streaming", "multilingual",
+                     "translates", "ready"):
             assert isinstance(getattr(engine, flag), bool), (engine.name, flag)
         assert engine.languages and all(isinstance(code, str) for code in engine.languages), engine.name
         assert isinstance(engine.max_batch_size, int) and engine.max_batch_size >= 1
     embedded, remote, vllm, _ = engines
     assert (embedded.timestamps, embedded.streaming, embedded.translates, embedded.ready) == (True, False, False, False)
     assert (embedded.word_timestamps, remote.word_timestamps, vllm.word_timestamps) == (True, False, False)
+    assert (embedded.logprobs, remote.logprobs, vllm.logprobs) == (True, False, False)
+    assert not EmbeddedEngine(beam_size=5).logprobs, "CTranslate2 gives a decode's logits at beam size 1 only"
     assert embedded.languages == ("en",), "the bundled tiny.en is English-only"
     assert "de" in remote.languages and "de" in EmbeddedEngine(model="base").languages
     assert (remote.streaming, remote.translates, remote.ready) == (True, True, False)

@@ -141,3 +141,34 @@ def test_batches_split_between_the_two_workers_by_padded_work(engine):
     assert _split([5, 1, 4, 2], [0, 1, 2, 3]) == ([1, 3], [2, 0])
     first, second = _split([3] * 8, list(range(8)))
     assert sorted(first + second) == list(range(8)) and len(first) == len(second) == 4
+
+
+def test_token_logprobs_spell_the_text_and_add_up_to_the_decode_s_score(engine):
+    """Issue 41: with `logprobs` asked, every text token comes back with the log-softmax of its step's logits, on
+    each decoding path (packed or a clip alone, a partial, a sampled retry, Whisper's timestamps): in order they
+    spell the text byte for byte, each word holds its own tokens, and on a decode without timestamps they add up
+    to the decode's own cumulative score (`avg_logprob` times tokens plus one, as faster-whisper reckons it), less
+    the end-of-text token's log probability, which is not text and is near 0 where a sentence plainly ends."""
+    from realtime.audio import decode_file
+
+    from real_speech import DATA
+
+    asked = [TranscribeOptions(logprobs=True), TranscribeOptions(logprobs=True, word_timestamps=True),
+             TranscribeOptions(logprobs=True, partial=True), TranscribeOptions(logprobs=True, temperature=0.4),
+             TranscribeOptions(logprobs=True, timestamps=True, word_timestamps=True)]
+    for name in ("jfk.flac", "ljspeech-LJ001-0004.flac"):
+        audio = decode_file(DATA / name)
+        plain = engine.transcribe_sync(audio, TranscribeOptions())
+        assert plain.logprobs is None, "asked for nothing, given nothing"
+        for options in asked:
+            result = engine.transcribe_sync(audio, options)
+            tokens = result.logprobs
+            assert tokens and all(t.logprob <= 0.0 and t.token == bytes(t.bytes).decode() for t in tokens), name
+            assert b"".join(bytes(t.bytes) for t in tokens).decode().strip() == result.text, (name, options)
+            for w in result.words:
+                assert b"".join(bytes(t.bytes) for t in w.logprobs).decode().strip() == w.word.strip(), (name, w)
+            if not options.timestamps:
+                cumulative = result.avg_logprob * (len(tokens) + 1)
+                assert 0.0 <= sum(t.logprob for t in tokens) - cumulative < 0.3, (name, options)
+        assert engine.transcribe_sync(audio, TranscribeOptions(logprobs=True)).text == plain.text
+    assert engine.transcribe_sync(np.zeros(16000, np.float32), TranscribeOptions(logprobs=True)).logprobs == ()

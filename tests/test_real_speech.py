@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from openai import OpenAI
 
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.config import WINDOW_S, Settings
@@ -173,11 +174,21 @@ def test_http_api_on_real_speech(app, readings, fw_tiny):
     for fmt_name in ("json", "verbose_json"):
         texts = []
         for clip in picked:
-            r = httpx.post(f"{app.url}/v1/audio/transcriptions", data={"response_format": fmt_name},
+            scored = {"include[]": "logprobs"} if fmt_name == "json" else {}
+            r = httpx.post(f"{app.url}/v1/audio/transcriptions", data={"response_format": fmt_name, **scored},
                            files={"file": (clip.name, clip.path.read_bytes(), "audio/flac")}, timeout=300)
             assert r.status_code == 200, r.text
             texts.append(r.json()["text"])
+            if scored:  # issue 41: the answer's tokens with their log probabilities spell it
+                tokens = r.json()["logprobs"]
+                assert all(t["logprob"] <= 0.0 for t in tokens), clip.name
+                assert bytes(b for t in tokens for b in t["bytes"]).decode().split() == texts[-1].split(), clip.name
         got[fmt_name] = texts
+    jfk = next(c for c in clips() if c.name == "jfk.flac")
+    with jfk.path.open("rb") as f:  # as the openai SDK asks for them, and reads them
+        sdk = OpenAI(base_url=f"{app.url}/v1", api_key="unused", max_retries=0).audio.transcriptions.create(
+            model="whisper-1", file=f, response_format="json", include=["logprobs"])
+    assert sdk.logprobs and "".join(t.token or "" for t in sdk.logprobs).strip() == sdk.text
     shared = {"json": [readings["text"][c.name] for c in picked], "verbose_json": [readings["timed"][c.name]
                                                                                   for c in picked]}
     figures = report(f"HTTP API, tiny.en, {len(picked)} clips", refs, faster_whisper=fw, **got,

@@ -33,8 +33,8 @@ from live_apps import KEY, LIMIT
 from live_peer import Peer
 from openai import AsyncOpenAI
 
-from realtime.audio import SAMPLE_RATE, decode_file
-from realtime.web.realtime_api.protocol import ALAW, ULAW, remainder
+from realtime.audio import SAMPLE_RATE, decode_file, wav_bytes
+from realtime.web.realtime_api.protocol import ALAW, LOGPROBS, ULAW, remainder
 
 from conftest import App, launch, stop
 from real_speech import Clip, clips, compilation, corpus_wer, loops
@@ -211,6 +211,11 @@ def margin(refs: list[str]) -> float:
     return max(WER_MARGIN, 1.01 / words)
 
 
+def spelled(logprobs: list[Any]) -> str:
+    """The text the tokens of a Realtime event's `logprobs` spell, spaces between words as one."""
+    return " ".join(bytes(b for t in logprobs for b in t.bytes).decode().split())
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), 100 * q)) if values else float("nan")
 
@@ -253,7 +258,7 @@ def check_items(rec: Recorder) -> dict[str, dict[str, Any]]:
 
 
 async def live_session(app: App, audio: np.ndarray, fmt: str, vad: dict[str, Any] | None = None,
-                       start: asyncio.Event | None = None) -> Recorder:
+                       start: asyncio.Event | None = None, include: list[str] | None = None) -> Recorder:
     """A server-VAD session: the audio appended as fast as the server reads it (after `start`, where given), then
     every item's completion."""
     async with sdk(app).realtime.connect(extra_query={"intent": "transcription"}) as conn:
@@ -264,7 +269,8 @@ async def live_session(app: App, audio: np.ndarray, fmt: str, vad: dict[str, Any
                                        "noise_reduction": {"type": "near_field"}}
         if vad is not None:
             audio_input["turn_detection"] = vad
-        await conn.session.update(session={"type": "transcription", "audio": {"input": audio_input}})
+        await conn.session.update(session={"type": "transcription", "audio": {"input": audio_input},
+                                           **({"include": include} if include else {})})
         updated = await rec.next("session.updated", 0)
         assert updated.session.audio.input.format.type == fmt
         if start is not None:
@@ -320,11 +326,19 @@ def no_sessions(app: App, timeout: float = 60.0) -> None:
 def test_live_pcm24k_real_speech(keyed_app, readings, tmp_path):
     """Six real utterances with pauses, 24 kHz PCM16 appended faster than real time: per utterance speech_started,
     speech_stopped, committed, deltas then completed; completed text within WER_MARGIN of the file reading of the
-    same clips."""
+    same clips. The session asks for log-probabilities (issue 41): each delta's tokens spell its words, and the
+    completed event's are the deltas' in order, which spell its transcript."""
     picked = pick(PICKED)
     comp = compilation(picked, tmp_path / "live.wav")
-    rec = run(live_session(keyed_app, decode_file(comp.path), "audio/pcm"))
+    rec = run(live_session(keyed_app, decode_file(comp.path), "audio/pcm", include=[LOGPROBS]))
     items = check_items(rec)
+    sent: dict[str, list[Any]] = {}
+    for e in rec.of("conversation.item.input_audio_transcription.delta"):
+        assert e.logprobs and spelled(e.logprobs) == e.delta.strip(), e
+        sent.setdefault(e.item_id, []).extend(e.logprobs)
+    for e in rec.of("conversation.item.input_audio_transcription.completed"):
+        assert e.logprobs == sent.get(e.item_id, []) and spelled(e.logprobs) == e.transcript, e
+        assert all(t.logprob <= 0.0 for t in e.logprobs)
     assert all({"started", "stopped", "committed", "completed"} <= set(i) for i in items.values())
     ended = {min(range(len(comp.spans)), key=lambda k: abs(i["end_ms"] / 1000 - comp.spans[k][1]))
              for i in items.values()}
@@ -650,6 +664,8 @@ def test_an_engine_failure_is_a_failed_item_and_the_session_goes_on(remote_app):
         async def go() -> Recorder:
             async with sdk(app, "no-key-needed").realtime.connect() as conn:
                 rec = Recorder(conn)
+                await conn.session.update(session={"type": "transcription", "include": [LOGPROBS]})
+                await rec.next("error", 0)
                 await conn.session.update(session={"type": "transcription",
                                                    "audio": {"input": {"turn_detection": None}}})
                 await rec.next("session.updated", 0)
@@ -669,6 +685,12 @@ def test_an_engine_failure_is_a_failed_item_and_the_session_goes_on(remote_app):
         endpoint.script.clear()
     failed = rec.of("conversation.item.input_audio_transcription.failed")
     completed = rec.of("conversation.item.input_audio_transcription.completed")
+    refused = rec.of("error")[0].error  # issue 41: an engine without log-probabilities says so, never sends none
+    assert refused.code == "unsupported_logprobs" and refused.param == "session.include", refused
+    assert not completed[0].logprobs
+    r = httpx.post(f"{app.url}/v1/audio/transcriptions", data={"include[]": "logprobs"},
+                   files={"file": ("s.wav", wav_bytes(segment_audio(1, 0.6)), "audio/wav")}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "logprobs_unsupported", r.text
     assert len(failed) == 1 and len(completed) == 1
     committed = [e.item_id for e in rec.of("input_audio_buffer.committed")]
     assert [failed[0].item_id, completed[0].item_id] == committed
@@ -801,12 +823,16 @@ def test_a_language_the_model_lacks_is_an_error_and_the_session_keeps_its_own(ke
                           {"type": "transcription_session.update",
                            "session": {"input_audio_transcription": {"model": "whisper-1", "language": "de"}}},
                           {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
-                              "transcription": {"prompt": "A short sentence."}}}}}):
+                              "transcription": {"prompt": "A short sentence."}}}}},
+                          {"type": "session.update", "session": {"type": "transcription",
+                                                                 "include": ["item.input_audio_transcription.all"]}}):
                 await ws.send(json.dumps(event))
                 answers.append(json.loads(await asyncio.wait_for(ws.recv(), 10)))
             return answers
 
-    created, english, german, beta, after = run(go())
+    created, english, german, beta, after, include = run(go())
+    assert include["type"] == "error" and include["error"]["code"] == "invalid_value", include
+    assert include["error"]["param"] == "session.include"
     assert created["type"] == "session.created" and english["type"] == "session.updated"
     refused = RealtimeErrorEvent.model_validate(german)
     assert refused.type == "error", german

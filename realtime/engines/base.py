@@ -56,6 +56,10 @@ class Engine(Protocol):
     """Whether `task="translate"` is honoured: a multilingual model trained to translate (see `translating`)."""
     word_timestamps: bool
     """Whether a request with `TranscribeOptions.word_timestamps` gets each word's times (`TimedText.words`)."""
+    logprobs: bool
+    """Whether a request with `TranscribeOptions.logprobs` gets each text token's log probability
+    (`Transcription.logprobs`, and `Word.logprobs` where words are timed); a request for them to an engine that
+    cannot give them fails with `unsupported_logprobs`'s reason."""
     languages: tuple[str, ...]
     """The language codes a request may name (`("en",)` for an English-only model); the model detects the
     language of a request that names none."""
@@ -120,6 +124,18 @@ def unsupported_language(language: str, engine: Engine) -> str | None:
     return f"the model {model} does not know language {language!r} (it knows {', '.join(languages)})"
 
 
+def unsupported_logprobs(engine: Engine) -> str | None:
+    """Why the engine cannot give token log-probabilities, said plainly, or None when it can (the HTTP and the
+    Realtime API refuse a request for them with this message; an engine asked anyway fails the request)."""
+    if engine.logprobs:
+        return None
+    described = engine.describe()
+    if described.get("beam_size", 1) > 1:
+        return (f"log-probabilities come from greedy decoding; this {engine.name} engine decodes with beam size "
+                f"{described['beam_size']} (start it with --beam-size 1)")
+    return f"the {engine.name} engine does not give token log-probabilities"
+
+
 def as_clip(audio: np.ndarray) -> np.ndarray:
     """The samples as a 1-D float32 array; anything but mono audio is an error."""
     clip = np.asarray(audio, dtype=np.float32)
@@ -141,6 +157,10 @@ class EngineBase:
     language: str | None = None
     """The default language, reported for answers that need no decoding."""
     word_timestamps: bool = False
+
+    @property
+    def logprobs(self) -> bool:
+        return False
 
     @property
     def multilingual(self) -> bool:
@@ -189,7 +209,8 @@ class EngineBase:
         """The answer for digital silence (no decoding: Whisper invents text for it), else None."""
         if not policy.is_silent(audio):
             return None
-        return Transcription(text="", language=options.language or self.language, duration=audio.size / SAMPLE_RATE)
+        return Transcription(text="", language=options.language or self.language, duration=audio.size / SAMPLE_RATE,
+                             logprobs=() if options.logprobs else None)
 
     async def transcribe(self, audio: np.ndarray, options: TranscribeOptions) -> Transcription:
         result = (await self.transcribe_batch([audio], [options]))[0]
@@ -205,6 +226,8 @@ class EngineBase:
         results: list[Transcription | BaseException | None] = []
         for audio, o in zip(audios, opts, strict=True):
             try:
+                if o.logprobs and (why := unsupported_logprobs(self)):  # type: ignore[arg-type]
+                    raise EngineError(why)
                 clips.append(as_clip(audio))
                 results.append(self.silent(clips[-1], o))
             except EngineError as exc:
@@ -258,4 +281,5 @@ class EngineBase:
 
 
 __all__ = ["MAX_CLIP_S", "WHISPER_LANGUAGES", "Engine", "EngineBase", "EngineError", "EngineUnavailable", "TimedText",
-           "TranscribeOptions", "Transcription", "as_clip", "english_only", "unsupported_language"]
+           "TranscribeOptions", "Transcription", "as_clip", "english_only", "unsupported_language",
+           "unsupported_logprobs"]

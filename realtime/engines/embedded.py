@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import logprobs as lp
 from . import policy
 from .base import (
     EngineBase,
@@ -42,7 +43,7 @@ from .base import (
     english_only,
     translating,
 )
-from .types import Word
+from .types import TokenLogprob, Word
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -203,6 +204,7 @@ class EmbeddedEngine(EngineBase):
             return out
 
         self._model.encode = keeping
+        self._model.model = _Scoring(self._model.model)
         # warm-up: the first call pays for allocations and kernel selection
         tone = (0.01 * np.sin(np.arange(16000) / 5.0)).astype(np.float32)
         self.transcribe_sync(tone, TranscribeOptions(partial=True))
@@ -212,6 +214,10 @@ class EmbeddedEngine(EngineBase):
     @property
     def ready(self) -> bool:
         return self._model is not None
+
+    @property
+    def logprobs(self) -> bool:
+        return self.beam_size == 1  # CTranslate2 gives a decode's logits only without beam search
 
     @property
     def multilingual(self) -> bool:
@@ -355,7 +361,8 @@ class EmbeddedEngine(EngineBase):
             longest = max(audios[i].size for i in idx) / 16000
             max_length = min(m.max_length, max(len(prompts[i]) for i in idx) + policy.max_new_tokens(longest))
             return m.model.generate(enc, [prompts[i] for i in idx], max_length=max_length, return_scores=True,
-                                    return_no_speech_prob=True, suppress_blank=True, suppress_tokens=suppress, **kw)
+                                    return_no_speech_prob=True, suppress_blank=True, suppress_tokens=suppress,
+                                    return_logits_vocab=options.logprobs, **kw)
 
         out: list[Transcription | None] = [None] * len(audios)
         decoded: dict[int, tuple[Any, int, list[int]]] = {}  # item: the encoder output it was decoded from, its row
@@ -387,13 +394,18 @@ class EmbeddedEngine(EngineBase):
                 if text and options.word_timestamps:
                     decoded[i] = (enc, row, tokens)
                 duration = audios[i].size / 16000
+                scored = None
+                if options.logprobs:
+                    scored = lp.within(text, lp.text_tokens(tokens, lp.steps(tokens, res.logits[best]),
+                                                            self._spell, tokenizers[i].eot))
                 out[i] = Transcription(
                     text=text, language=languages[i], duration=duration,
-                    segments=(TimedText(0.0, duration, text),) if text else (),
+                    segments=(TimedText(0.0, duration, text, logprobs=scored),) if text else (),
                     no_speech_prob=h.no_speech_prob, avg_logprob=float(h.avg_logprob or 0.0),
                     extra={"temperature": temperature, "encoder_frames": frames,
                            **({policy.REJECTED: policy.rejection(h)}
                               if verdict == "retry" and not options.fallback else {})},
+                    logprobs=scored,
                 )
             todo = retry
             if not todo:
@@ -402,8 +414,10 @@ class EmbeddedEngine(EngineBase):
         for i, words in aligned.items():
             t = out[i]
             if t is not None:
-                out[i] = dataclasses.replace(t, segments=(TimedText(0.0, t.duration, t.text,
-                                                                    _words_within(t.text, words)),))
+                words = _words_within(t.text, words)
+                if t.logprobs is not None:
+                    words = lp.onto_words(words, t.logprobs)
+                out[i] = dataclasses.replace(t, segments=(TimedText(0.0, t.duration, t.text, words, t.logprobs),))
         elapsed = time.perf_counter() - t0
         return [dataclasses.replace(t, engine_seconds=elapsed) for t in out if t is not None]
 
@@ -482,11 +496,16 @@ class EmbeddedEngine(EngineBase):
         temperature = 0.0
         rejected = False
         self._encoded.kept = [] if align else None
+        scoring = self._model.model.record() if options.logprobs else None
         try:
             decoded = list(segments)
         finally:
             encoded, self._encoded.kept = self._encoded.kept, None
+            if scoring is not None:
+                self._model.model.stop()
         tokens: list[list[int]] = []
+        scored: list[tuple[TokenLogprob, ...]] = []
+        eot = self._model.hf_tokenizer.token_to_id("<|endoftext|>")
         for seg in decoded:
             rejected = rejected or (not options.fallback and _falls_back(seg))
             no_speech.append(seg.no_speech_prob)
@@ -498,10 +517,15 @@ class EmbeddedEngine(EngineBase):
                               for w in seg.words or ())
                 kept.append(TimedText(float(seg.start), float(seg.end), text, _words_within(text, words)))
                 tokens.append(list(seg.tokens))
+                if scoring is not None:
+                    scored.append(lp.within(text, _scored(scoring, seg, self._spell, eot)))
         if align and encoded and kept:
             aligned = self._align_pieces(tokens, encoded[0], self._tokenizer(info.language, options.task),
                                          min(audio.size // 160, MAX_FRAMES))
             kept = [dataclasses.replace(t, words=_words_within(t.text, w)) for t, w in zip(kept, aligned, strict=True)]
+        if scoring is not None:
+            kept = [dataclasses.replace(t, words=lp.onto_words(t.words, s), logprobs=s)
+                    for t, s in zip(kept, scored, strict=True)]
         return Transcription(
             text=" ".join(t.text for t in kept).strip(),
             language=info.language,
@@ -512,7 +536,12 @@ class EmbeddedEngine(EngineBase):
             engine_seconds=time.perf_counter() - t0,
             extra={"language_probability": float(info.language_probability), "temperature": temperature,
                    **({policy.REJECTED: policy.GUESS} if rejected else {})},
+            logprobs=tuple(t for piece in scored for t in piece) if scoring is not None else None,
         )
+
+    def _spell(self, token: int) -> bytes:
+        """A token's bytes (the tokenizer's byte-level alphabet read back)."""
+        return bytes(_BYTES[c] for c in self._model.hf_tokenizer.id_to_token(token))
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -587,3 +616,61 @@ def _split(sizes: list[int], idxs: list[int]) -> tuple[list[int], list[int]]:
     cut = min(range(1, n), key=lambda k: max(k * ordered[k - 1], (n - k) * ordered[-1]))
     return [idxs[k] for k in order[:cut]], [idxs[k] for k in order[cut:]]
 
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, in which Whisper's tokenizer spells its tokens: each character to its byte."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(shown)
+    for b in range(256):
+        if b not in shown:
+            shown.append(b)
+            chars.append(256 + len(chars) - 188)
+    return {chr(c): b for b, c in zip(shown, chars, strict=True)}
+
+
+_BYTES = _byte_alphabet()
+
+
+class _Scoring:
+    """The CTranslate2 model as faster-whisper's long-form decoding sees it: everything passed through, except that
+    while a thread records (`record`), each `generate` also asks for its logits and keeps, for its best hypothesis,
+    its tokens, faster-whisper's average log probability of them, and each token's log probability."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._local = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def record(self) -> list[tuple[list[int], float, list[float]]]:
+        self._local.calls = []
+        return self._local.calls
+
+    def stop(self) -> None:
+        self._local.calls = None
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        calls = getattr(self._local, "calls", None)
+        if calls is None or kwargs.get("return_logits_vocab"):
+            return self._model.generate(*args, **kwargs)
+        results = self._model.generate(*args, return_logits_vocab=True, **kwargs)
+        for r in results:
+            ids = list(r.sequences_ids[0])
+            average = r.scores[0] * len(ids) / (len(ids) + 1) if r.scores else 0.0  # as faster-whisper reckons it
+            calls.append((ids, average, lp.steps(ids, r.logits[0])))
+        return results
+
+
+def _scored(calls: list[tuple[list[int], float, list[float]]], segment: Any, spell: Any,
+            eot: int) -> tuple[TokenLogprob, ...]:
+    """The text tokens of a faster-whisper segment with their log probabilities, from the decode it came from (the
+    one whose tokens hold its tokens and whose average log probability is the segment's)."""
+    want = list(segment.tokens)
+    for ids, average, steps in reversed(calls):
+        if abs(average - segment.avg_logprob) > 1e-6:
+            continue
+        for at in range(len(ids) - len(want) + 1):
+            if ids[at:at + len(want)] == want:
+                return lp.text_tokens(want, steps[at:at + len(want)], spell, eot)
+    raise EngineError("the log-probabilities of a decoded piece were not found")

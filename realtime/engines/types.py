@@ -37,10 +37,22 @@ class TranscribeOptions:
     """False: a decode the policy rejects is not tried again at a higher temperature; it is returned as it is, marked
     rejected (`policy.rejected`), for a caller with a better fallback (a packed window's segments decoded alone).
     Engines that cannot mark a result fall back as usual."""
+    logprobs: bool = False
+    """Ask for each text token's log probability (`Transcription.logprobs`), on engines that declare `logprobs`."""
     coverage: bool = False
     """Times are asked only to check that the text covers the clip's speech (realtime/live/coverage.py): an engine may
     answer with word times instead of timed pieces (the remote engine asks an endpoint that is this app to decode
     the clip as its own file path would)."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One text token of a decode and its log probability as the model gave it, in OpenAI's shape: the token's
+    text, and its UTF-8 bytes (a token may hold part of a character)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,8 @@ class Word:
     end: float
     word: str
     probability: float | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The word's tokens with their log probabilities, when they were asked for."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,8 @@ class TimedText:
     text: str
     words: tuple[Word, ...] = ()
     """The piece's words with their times, when they were asked for and the engine gives them."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """The piece's tokens with their log probabilities, when they were asked for."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,9 @@ class Transcription:
     avg_logprob: float | None = None
     engine_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Every token of `text` with its log probability, in order, when they were asked for (`TranscribeOptions.
+    logprobs`); None when they were not."""
 
     @property
     def words(self) -> tuple[Word, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..engines.types import Word
+from ..engines.types import TokenLogprob, Word
 
 
 def _span(segment: int, start: float, audio_end: float) -> dict[str, Any]:
@@ -55,6 +55,9 @@ class PartialEvent:
     tentative: str
     streaming: bool = False
     """Tentative words from a streaming engine's decode in progress (not yet a whole hypothesis)."""
+    logprobs: tuple[tuple[TokenLogprob, ...], ...] | None = None
+    """The tokens of each word of the hypothesis (by position: the committed words, then the tentative ones) with
+    their log probabilities, when the session asked for them."""
 
     @property
     def text(self) -> str:
@@ -82,6 +85,8 @@ class FinalEvent:
     speaker: str | None = None
     """Who spoke it, when speaker labels are on and the speaker model was done first (else a `speaker` event
     follows)."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """The text's tokens with their log probabilities, when the session asked for them."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"type": self.type, "text": self.text, "latency": round(self.latency, 3),

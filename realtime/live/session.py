@@ -33,6 +33,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..engines import TranscribeOptions, Transcription
+from ..engines import logprobs as lp
 from ..engines.policy import trim_loop
 from ..speakers import Diarization, LiveSpeakers, Turn
 from . import coverage
@@ -193,7 +194,8 @@ class TranscriptionSession:
         self._last_partial_at = now
         segment, start, end = seg.segment, seg.speech_start, self.stream_time
         job = Job(self.id, segment, seg.audio_so_far(), "partial",
-                  TranscribeOptions(language=self.options.language, task=self.options.task, partial=True),
+                  TranscribeOptions(language=self.options.language, task=self.options.task, partial=True,
+                                    logprobs=self.options.logprobs),
                   on_text=lambda text: self._on_partial_text(segment, start, end, text))
         future = self.worker.submit(job)
         future.add_done_callback(lambda f: self._on_partial(segment, start, end, f))
@@ -204,11 +206,16 @@ class TranscriptionSession:
             return
         if not self.segmenter.announced or self.segmenter.segment != segment:
             return  # the segment closed meanwhile: its final is on the way
-        hyp = self._agreement.update(trim_loop(future.result().text))
+        result = future.result()
+        text = trim_loop(result.text)
+        hyp = self._agreement.update(text)
         if not hyp.text:
             return
+        by_word = None
+        if result.logprobs is not None:
+            by_word = tuple(lp.by_words(text.split(), lp.within(text, result.logprobs)))
         self.transcript.partial = Partial(segment, start, end, hyp.committed, hyp.tentative)
-        self._emit(PartialEvent(segment, start, end, hyp.committed, hyp.tentative))
+        self._emit(PartialEvent(segment, start, end, hyp.committed, hyp.tentative, logprobs=by_word))
 
     def _on_partial_text(self, segment: int, start: float, end: float, text: str) -> None:
         """A streaming engine's hypothesis so far: shown as tentative words after the committed ones."""
@@ -264,9 +271,10 @@ class TranscriptionSession:
         self.last_latency = latency
         speaker = self.speaker_label(segment)
         for entry in self._labelled(Entry(segment, start, end, text, latency=latency, language=language,
-                                          words=words)):
+                                          words=words, logprobs=result.logprobs)):
             self.transcript.add(entry)
-        self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words, speaker=speaker))
+        self._emit(FinalEvent(segment, start, end, text, latency, language=language, words=words, speaker=speaker,
+                              logprobs=result.logprobs))
         if speaker is not None and _mixed(self._turns.get(segment, [])):
             self._announce(segment)  # the speaker model was done first: the turns follow the final
 

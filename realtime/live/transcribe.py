@@ -42,6 +42,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE, iter_file
 from ..engines import Engine, TimedText, TranscribeOptions, Transcription, policy
+from ..engines import logprobs as lp
 from ..engines.types import Word
 from . import coverage
 from .transcript import Entry
@@ -295,7 +296,7 @@ def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> lis
     pieces = [s for s in result.segments if s.text] if result.text else []
     if len(pieces) < 2:
         return [Entry(first, end.start, end.end, result.text.strip(), language=result.language,
-                      words=stream_words(end, result.words))]
+                      words=stream_words(end, result.words), logprobs=result.logprobs)]
     out = []
     for n, piece in enumerate(pieces):
         if isinstance(end, Window):
@@ -304,7 +305,7 @@ def timed_entries(end: SegmentEnd, result: Transcription, first: int = 0) -> lis
             start, stop = end.audio_start + piece.start, end.audio_start + piece.end
         start, stop = max(end.start, min(start, end.end)), min(end.end, max(stop, start))
         out.append(Entry(first + n, round(start, 3), round(max(stop, start), 3), piece.text.strip(),
-                         language=result.language, words=stream_words(end, piece.words)))
+                         language=result.language, words=stream_words(end, piece.words), logprobs=piece.logprobs))
     return out
 
 
@@ -316,7 +317,7 @@ def stream_words(end: SegmentEnd, words: Iterable[Word]) -> tuple[Word, ...]:
             start, stop = end.stream_time(w.start), end.stream_time(w.end, end=True)
         else:
             start, stop = end.audio_start + w.start, end.audio_start + w.end
-        out.append(Word(round(start, 3), round(max(stop, start), 3), w.word, w.probability))
+        out.append(replace(w, start=round(start, 3), end=round(max(stop, start), 3)))
     return tuple(out)
 
 
@@ -595,7 +596,8 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
     if not asked.timestamps:  # a text format: the window is one entry
         words = result.words if asked.word_timestamps else ()
         text = result.text.strip()
-        result = replace(result, segments=(TimedText(0.0, result.duration, text, words),) if text else ())
+        result = replace(result, segments=(TimedText(0.0, result.duration, text, words, result.logprobs),)
+                         if text else ())
     elif result.words and not asked.word_timestamps:
         result = replace(result, segments=tuple(replace(p, words=()) for p in result.segments if p.text))
     return result
@@ -615,7 +617,8 @@ def _splice(window: Window, result: Transcription, redone: dict[tuple[int, int],
         pieces = [p for p in answer.segments if p.text.strip()] or (
             [TimedText(0.0, length, answer.text.strip())] if answer.text.strip() else [])
         return [TimedText(p.start + offset, p.end + offset, p.text.strip(),
-                          tuple(replace(w, start=w.start + offset, end=w.end + offset) for w in p.words))
+                          tuple(replace(w, start=w.start + offset, end=w.end + offset) for w in p.words),
+                          p.logprobs if answer.segments else answer.logprobs)
                 for p in pieces]
 
     pieces: list[TimedText] = []
@@ -630,14 +633,18 @@ def _splice(window: Window, result: Transcription, redone: dict[tuple[int, int],
                 continue
             mine = tuple(w for w in words if part((w.start + w.end) / 2) == k)
             if mine:
-                pieces.append(TimedText(mine[0].start, mine[-1].end, "".join(w.word for w in mine).strip(), mine))
+                pieces.append(TimedText(mine[0].start, mine[-1].end, "".join(w.word for w in mine).strip(), mine,
+                                        lp.of_words(mine) if result.logprobs is not None else None))
     else:
         pieces = [p for p in result.segments if p.text.strip() and part((p.start + p.end) / 2) not in again]
         for (a, b), answer in redone.items():
             pieces += shifted(answer, bounds[a][0], bounds[b - 1][1] - bounds[a][0])
         pieces.sort(key=lambda p: p.start)
     text = " ".join(p.text for p in pieces if p.text)
-    return replace(result, text=text, segments=tuple(pieces),
+    logprobs = None
+    if result.logprobs is not None and all(p.logprobs is not None for p in pieces):
+        logprobs = tuple(t for p in pieces for t in p.logprobs or ())
+    return replace(result, text=text, segments=tuple(pieces), logprobs=logprobs,
                    extra={**result.extra, "redecoded": sorted(again)})
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..engines.types import Word
+from ..engines.types import TokenLogprob, Word
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Entry:
     """Its words with their times (same clock as `start`), when word timestamps were asked for."""
     speaker: str | None = None
     """Who spoke it, when speaker labels were asked for."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Its text's tokens with their log probabilities, when they were asked for."""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ This module owns the HTTP transcription routes served next to the page (same pro
   `language`, `prompt`, `temperature`, `response_format` (`json`, `text`, `verbose_json`, `srt`, `vtt`),
   `timestamp_granularities[]` (`segment`, `word`: `verbose_json` then has OpenAI's `words`, on engines that
   declare word timestamps), `max_line_chars` (srt/vtt cues cut at word times to at most that many characters;
-  our extension) and `stream` (`true`: Server-Sent Events `transcript.text.delta` /
-  `transcript.text.done`, as OpenAI sends them). `verbose_json` gives each segment the language detected in
-  it (`language`); a language the model does not speak (any but English on an English-only model) is refused.
+  our extension), `stream` (`true`: Server-Sent Events `transcript.text.delta` / `transcript.text.done`, as
+  OpenAI sends them) and `include[]` (`logprobs`: json and its stream's events carry each token's log
+  probability, on engines that declare them). `verbose_json` gives each segment the language detected in it
+  (`language`); a language the model does not speak (any but English on an English-only model) is refused.
   `diarized_json` (OpenAI's `TranscriptionDiarized`) labels who spoke each segment, with `known_speaker_names[]`
   and `known_speaker_references[]` (short clips as data URLs) naming them; `diarize=true` (our extension) puts
   the labels in verbose_json (`speaker`), srt (`A: ` before the text) and vtt (voice tags).
@@ -51,7 +52,8 @@ from starlette.requests import ClientDisconnect
 
 from ..audio import SAMPLE_RATE, AudioDecodeError, decode_file
 from ..engines import EngineUnavailable, TranscribeOptions, Transcription
-from ..engines.base import unsupported_language, unsupported_translation
+from ..engines import logprobs as lp
+from ..engines.base import unsupported_language, unsupported_logprobs, unsupported_translation
 from ..engines.types import APP_OWNER, CLIP_HEADER, LANE_HEADER
 from ..live import coverage, labels
 from ..live import transcript as fmt
@@ -116,6 +118,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                                 "needs the model's cross-attention, which it does not return); leave out "
                                 "timestamp_granularities[]=word and max_line_chars, or run the embedded engine",
                            "word_timestamps_unsupported")
+        if params.logprobs and (why := unsupported_logprobs(engine)):
+            raise APIError(400, f"{why}; leave out include[]=logprobs", "logprobs_unsupported")
 
     async def limited(request: Request) -> AsyncIterator[bytes]:
         seen = 0
@@ -205,6 +209,14 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                       for i, (name, url) in enumerate(params.known_speakers)}
         return diarizer, references
 
+    def tokens(entries: list[Entry]) -> list[dict[str, Any]]:
+        """OpenAI's `logprobs` of the entries' text, in order; an entry whose tokens were lost is an error, not an
+        answer that leaves them out."""
+        if any(e.text and e.logprobs is None for e in entries):
+            raise APIError(500, "the log-probabilities of part of the text were lost", "logprobs_lost",
+                           kind="server_error")
+        return lp.as_json(t for e in entries for t in e.logprobs or ())
+
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
         # segments are packed into windows; formats with times ask for Whisper's timestamps in them, or go
         # segment by segment on engines that have none
@@ -245,7 +257,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             return JSONResponse({"task": "transcribe", "duration": round(segments.duration, 3), "text": text,
                                  "segments": labels.diarized_segments(entries), "usage": usage})
         if params.response_format == "json":
-            return JSONResponse({"text": text, "usage": usage})
+            return JSONResponse({"text": text, **({"logprobs": tokens(entries)} if options.logprobs else {}),
+                                 "usage": usage})
         if params.response_format == "text":
             return PlainTextResponse(text + "\n")
         if params.response_format == "srt":
@@ -297,6 +310,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         else the timed pieces of each packed window, once its coverage is checked), then the whole text."""
         engine = service.engine
         texts: list[str] = []
+        said: list[dict[str, Any]] = []
 
         def event(doc: dict[str, Any]) -> str:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
@@ -328,10 +342,13 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                 async for _, _, found in results(path, options, segments):
                     for entry in found:
                         if entry.text:
+                            scored = {"logprobs": tokens([entry])} if options.logprobs else {}
                             yield event({"type": "transcript.text.delta",
-                                         "delta": (" " if texts else "") + entry.text})
+                                         "delta": (" " if texts else "") + entry.text, **scored})
                             texts.append(entry.text)
-            yield event({"type": "transcript.text.done", "text": " ".join(texts)})
+                            said.extend(scored.get("logprobs", ()))
+            yield event({"type": "transcript.text.done", "text": " ".join(texts),
+                         **({"logprobs": said} if options.logprobs else {})})
         except AudioDecodeError as exc:
             yield event(undecodable(exc, path).body())
         except APIError as exc:
@@ -391,7 +408,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             await asyncio.to_thread(check_audio, path, declared)
             live = lane_hints and request.headers.get(LANE_HEADER, "").strip().lower() == "final"
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
-                                        prompt=params.prompt, temperature=params.temperature, live=live)
+                                        prompt=params.prompt, temperature=params.temperature, live=live,
+                                        logprobs=params.logprobs)
             if not params.stream:
                 if params.response_format == "verbose_json" and \
                         request.headers.get(CLIP_HEADER, "").strip().lower() == "checked":

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt", "diarized_json")
 TIMED_FORMATS = ("verbose_json", "srt", "vtt", "diarized_json")
+INCLUDE = ("logprobs",)
+"""What `include[]` may ask for (OpenAI's `TranscriptionInclude`)."""
 MAX_KNOWN_SPEAKERS = 4
 REFERENCE_S = (2.0, 10.0)
 """A known speaker's reference clip is this long (OpenAI's bounds), give or take `REFERENCE_SLACK_S`."""
@@ -91,6 +93,8 @@ class Params:
     """Speaker labels: `diarized_json`, or `diarize=true` with verbose_json, srt or vtt (our extension)."""
     known_speakers: tuple[tuple[str, str], ...] = ()
     """(name, reference clip as a data URL) from `known_speaker_names[]` and `known_speaker_references[]`."""
+    logprobs: bool = False
+    """`include[]` has `logprobs`: json (and its stream's events) carry each token's log probability."""
 
 
 def unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
@@ -206,9 +210,15 @@ def parse_params(fields: dict[str, str], lists: dict[str, list[str]] | None = No
         raise APIError(422, "model name too long", "invalid_model")
     max_line = line_chars(fields.get("max_line_chars"), fmt_, "response_format srt or vtt")
     diarize, known = _parse_speakers(fmt_, fields, lists or {})
+    include = {v.strip() for k in ("include[]", "include") for v in (lists or {}).get(k, [])} - {""}
+    if include - set(INCLUDE):
+        raise APIError(422, f"include[] takes {', '.join(INCLUDE)} (got {', '.join(sorted(include - set(INCLUDE)))})",
+                       "invalid_include")
+    if include and fmt_ != "json":
+        raise APIError(422, "include[]=logprobs needs response_format=json", "invalid_include")
     return Params(fmt_, stream, language, prompt, temperature, model,
                   words="word" in granularities or max_line is not None, max_line_chars=max_line,
-                  diarize=diarize, known_speakers=known)
+                  diarize=diarize, known_speakers=known, logprobs="logprobs" in include)
 
 
 def check_audio(path: Path, declared: str) -> None:

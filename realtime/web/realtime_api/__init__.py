@@ -9,13 +9,16 @@ Client events: `session.update` (a session of `type` `transcription`, or the bet
 `transcription_session.update`, answered with `transcription_session.updated`: `audio.input.format` `audio/pcm` at
 24 kHz, `audio/pcmu` or `audio/pcma` at 8 kHz; `audio.input.transcription` `model`, `language`, `prompt`;
 `audio.input.turn_detection` `server_vad` with `threshold`, `prefix_padding_ms`, `silence_duration_ms`, or
-`null` for manual commits; `noise_reduction` and `include` are accepted, echoed and ignored),
+`null` for manual commits; `noise_reduction` is accepted, echoed and ignored; `include`
+`["item.input_audio_transcription.logprobs"]` puts each token's log probability on the deltas and the
+completed event, on engines that give them, and is refused with an `error` on others),
 `input_audio_buffer.append` (base64 audio), `.commit`, `.clear`.
 
 Server events: `session.created` (first), `session.updated`, `input_audio_buffer.speech_started`,
 `.speech_stopped`, `.committed`, `.cleared`, `conversation.item.input_audio_transcription.delta` (append-only:
 the words LocalAgreement has committed, as they settle, then the rest of the final text; their concatenation
-is the `.completed` transcript), `.completed` (with `usage` in seconds of audio), `.failed` (the engine failed on
+is the `.completed` transcript, as the concatenation of their `logprobs` is its `logprobs`), `.completed` (with
+`usage` in seconds of audio), `.failed` (the engine failed on
 that item), and `error` for a bad, unknown, oversized or malformed event (the session goes on).
 
 With server VAD the session's own VAD cuts items and deltas flow while the person speaks. With

@@ -9,7 +9,7 @@ import base64
 import binascii
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +17,14 @@ import numpy as np
 
 from ...audio import SAMPLE_RATE
 from ...engines import Transcription
+from ...engines import logprobs as lp
+from ...engines.types import TokenLogprob
 from ...live.events import ClosedEvent, ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
 from ...live.service import TranscriptionService
 from ...live.session import TranscriptionSession
 from ...live.worker import Job
 from .protocol import (
+    LOGPROBS,
     MANUAL_MAX_S,
     MAX_EVENT_BYTES,
     MIN_COMMIT_S,
@@ -44,6 +47,8 @@ class _Item:
     id: str
     sent: list[str] = field(default_factory=list)
     discarded: bool = False
+    said: list[dict[str, Any]] = field(default_factory=list)
+    """The logprobs sent with its deltas, when the session asks for them: together they spell its transcript."""
 
 
 class RealtimeConnection:
@@ -95,7 +100,8 @@ class RealtimeConnection:
     def _apply_options(self) -> None:
         assert self.session is not None
         language = self.config.language or self.service.settings.language
-        self.session.options = dataclasses.replace(self.session.options, language=language, prompt=self.config.prompt)
+        self.session.options = dataclasses.replace(self.session.options, language=language, prompt=self.config.prompt,
+                                                   logprobs=LOGPROBS in self.config.include)
 
     def close(self) -> None:
         if self.session is not None:
@@ -122,14 +128,14 @@ class RealtimeConnection:
                 self.items.pop(event.segment, None)
             return
         if isinstance(event, PartialEvent):
-            self._delta(item, _words(event.committed))
+            self._delta(item, _words(event.committed), event.logprobs)
         elif isinstance(event, SpeechStopped):
             self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": round(event.audio_end * 1000),
                        "item_id": item.id})
             self._committed(item.id)
         elif isinstance(event, FinalEvent):
             del self.items[event.segment]
-            self._complete(item, event.text, self._seconds(event.audio_end - event.start))
+            self._complete(item, event.text, self._seconds(event.audio_end - event.start), event.logprobs)
         elif isinstance(event, ErrorEvent):
             del self.items[event.segment]
             self._failed(item.id, event.message)
@@ -142,22 +148,34 @@ class RealtimeConnection:
         self.send({"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": self.last_item})
         self.last_item = item_id
 
-    def _delta(self, item: _Item, words: list[str]) -> None:
-        """Committed words past those already sent (never taking any back)."""
+    def _delta(self, item: _Item, words: list[str],
+               by_word: Sequence[tuple[TokenLogprob, ...]] | None = None) -> None:
+        """Committed words past those already sent (never taking any back); with the session's `include`, their
+        tokens (`by_word`: the tokens of each of `words`, by position) with their log probabilities."""
         n = len(item.sent)
         if len(words) <= n or words[:n] != item.sent:
             return
         new = words[n:]
+        scored: dict[str, Any] = {}
+        if LOGPROBS in self.config.include:
+            if by_word is None or len(by_word) < len(words):
+                return  # a hypothesis without its tokens: its words go with the next one's, or with the final's
+            scored["logprobs"] = lp.as_json(t for w in by_word[n:len(words)] for t in w)
+            item.said += scored["logprobs"]
         self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
-                   "content_index": 0, "delta": (" " if n else "") + " ".join(new)})
+                   "content_index": 0, "delta": (" " if n else "") + " ".join(new), **scored})
         item.sent.extend(new)
 
-    def _complete(self, item: _Item, text: str, seconds: float) -> None:
+    def _complete(self, item: _Item, text: str, seconds: float,
+                  logprobs: tuple[TokenLogprob, ...] | None = None) -> None:
         rest = remainder(item.sent, text)
         if rest:
-            self._delta(item, item.sent + rest)
+            words = _words(text)
+            by_word = lp.by_words(words, lp.within(text, logprobs)) if logprobs is not None else None
+            self._delta(item, item.sent + rest, by_word[len(words) - len(rest):] if by_word is not None else None)
         self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
                    "content_index": 0, "transcript": " ".join(item.sent),
+                   **({"logprobs": item.said} if LOGPROBS in self.config.include else {}),
                    "usage": {"type": "duration", "seconds": seconds}})
 
     def _failed(self, item_id: str, message: str) -> None:
@@ -289,7 +307,7 @@ class RealtimeConnection:
         if exc is not None:
             self._failed(item.id, str(exc))
         else:
-            self._complete(item, future.result().text, seconds)
+            self._complete(item, future.result().text, seconds, future.result().logprobs)
 
     def clear(self) -> None:
         session = self.session

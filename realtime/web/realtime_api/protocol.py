@@ -17,7 +17,7 @@ import numpy as np
 from ...audio import FrameConverter
 from ...config import VADConfig
 from ...engines import Engine
-from ...engines.base import unsupported_language
+from ...engines.base import unsupported_language, unsupported_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ SECRET_TTL_S = 600
 SECRET_TTL_RANGE = (10, 7200)
 _LANGUAGE = re.compile(r"^[a-z]{2,3}$")
 MAX_PROMPT_CHARS = 4000
+LOGPROBS = "item.input_audio_transcription.logprobs"
+"""The one thing a transcription session's `include` may ask for: each token's log probability on the
+transcription's `delta` and `completed` events."""
 FORMAT_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
 UNSUPPORTED_EVENTS = {"response.create", "response.cancel", "conversation.item.create", "conversation.item.delete",
                       "conversation.item.retrieve", "conversation.item.truncate", "output_audio_buffer.clear"}
@@ -139,7 +142,7 @@ def _dict(value: Any, param: str) -> dict[str, Any]:
 
 def apply_update(config: Config, session: Any, audio_started: bool, engine: Engine | None = None) -> Config:
     """The configuration after a `session.update`'s `session` object (only the fields present change); with the
-    `engine`, a language its model does not know is refused."""
+    `engine`, a language its model does not know, or log-probabilities it cannot give, are refused."""
     s = _dict(session, "session")
     kind = s.get("type", "transcription")
     if kind != "transcription":
@@ -150,6 +153,11 @@ def apply_update(config: Config, session: Any, audio_started: bool, engine: Engi
         inc = s["include"]
         if inc is not None and (not isinstance(inc, list) or not all(isinstance(x, str) for x in inc)):
             raise EventError("session.include must be a list of strings", "invalid_type", "session.include")
+        if unknown := [x for x in inc or [] if x != LOGPROBS]:
+            raise EventError(f"session.include takes {LOGPROBS!r} only (got {', '.join(map(repr, unknown))})",
+                             "invalid_value", "session.include")
+        if inc and engine is not None and (why := unsupported_logprobs(engine)):
+            raise EventError(why, "unsupported_logprobs", "session.include")
         new.include = list(inc or [])
     audio = s.get("audio")
     inp = _dict(_dict(audio, "session.audio").get("input") or {}, "session.audio.input") if audio is not None else {}
