@@ -251,7 +251,7 @@ def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp
     assert summary["offline"] < summary["one"] and summary["live"] < summary["one"], summary
     few = [r for r in doc["files"] if r["speakers"] <= 3]  # a voice that says a sentence is a speaker
     assert sum(r["found_offline"] == r["speakers"] for r in few) >= 4, [(r["file"], r["found_offline"]) for r in few]
-    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == (2 + 4) + 1 + (2 + summary["files"])
+    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == (2 + 3) + 1 + (2 + summary["files"])
 
 
 def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conversation):
@@ -401,7 +401,7 @@ def test_srt_vtt_and_verbose_json_carry_speakers_when_asked(app: App, short: Con
 
 
 def test_diarized_lines_hold_speech_and_every_path_cuts_them_where_the_speaker_changes(
-        app: App, engine, tmp_path: Path) -> None:
+        app: App, engine, short: Conversation, tmp_path: Path) -> None:
     """Issue 39, on a real meeting where one of Whisper's pieces holds four turns of two people ("Well actually just
     name it. Yeah, that's it. If you don't put in there, what's it username?").
 
@@ -412,7 +412,9 @@ def test_diarized_lines_hold_speech_and_every_path_cuts_them_where_the_speaker_c
     One rule for every path: the `transcribe --diarize` command and the File tab give the lines of `diarized_json`,
     the same texts, the same speakers (letters there, "Speaker N" on the page) and the same times (the page shows
     tenths of a second). They labelled each piece whole, by the speaker of most of its span, before they asked for
-    words."""
+    words. The same command run, given the short conversation too and `--speaker lj=FILE`, labels that file's
+    lines by voice: the same label for all of a voice's lines, the named voice by its name, the three others by
+    letters; `--speaker` without `--diarize` is refused."""
     path = DATA / "speakers" / "ami-ES2003b-0-30s.flac"
     segmenter = Segmenter(VADConfig(), faint=True)
     cut = [e for chunk in iter_file(path) for e in segmenter.feed(chunk)] + segmenter.flush()
@@ -432,13 +434,29 @@ def test_diarized_lines_hold_speech_and_every_path_cuts_them_where_the_speaker_c
     for span in segments:
         assert coverage.longest_gap(span, heard, reach=0.0) < labels.TURN_PAUSE_S, (span, speech)
 
-    cli = subprocess.run([sys.executable, "-m", "realtime", "transcribe", "--diarize", "--format", "json",
-                          str(path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert cli.returncode == 0, cli.stderr
-    lines = [(s["start"], s["end"], s["speaker"], s["text"]) for s in json.loads(cli.stdout)["segments"]]
+    reference = tmp_path / "lj.wav"
+    sf.write(str(reference), voice("lj", REFERENCE_CLIP["lj"])[: 8 * SAMPLE_RATE], SAMPLE_RATE)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "realtime", "transcribe", *args], capture_output=True,
+                              text=True, timeout=600, cwd=ROOT)
+
+    both = cli("--diarize", "--speaker", f"lj={reference}", "--format", "json", str(path), str(short.path))
+    assert both.returncode == 0, both.stderr
+    meeting, conversation = _documents(both.stdout)
+    lines = [(s["start"], s["end"], s["speaker"], s["text"]) for s in meeting["segments"]]
     assert [x[2:] for x in lines] == [x[2:] for x in api]
     assert [t for x in lines for t in x[:2]] == pytest.approx([t for x in api for t in x[:2]], abs=0.002)
-    assert [s["id"] for s in json.loads(cli.stdout)["segments"]] == list(range(len(lines)))
+    assert [s["id"] for s in meeting["segments"]] == list(range(len(lines)))
+    said: dict[str, str] = {}
+    for s in conversation["segments"]:
+        truth = voice_of(short, s["start"], s["end"])
+        said.setdefault(truth, s["speaker"])
+        assert s["speaker"] == said[truth], (s, truth)
+    assert said["lj"] == "lj" and len(set(said.values())) == 4, said  # the named voice, three letters
+    assert all(len(v) == 1 for k, v in said.items() if k != "lj")
+    bad = cli("--speaker", f"lj={reference}", str(short.path))
+    assert bad.returncode == 2 and "--diarize" in bad.stderr
 
     async def file_tab() -> str:
         service = TranscriptionService(Settings(diarize=True), engine=engine)
@@ -454,6 +472,16 @@ def test_diarized_lines_hold_speech_and_every_path_cuts_them_where_the_speaker_c
         (f"Speaker {ord(s) - ord('A') + 1}", t) for _, _, s, t in api]
     shown = [t for a, b, c, d, _, _ in page for t in (60 * int(a) + float(b), 60 * int(c) + float(d))]
     assert shown == pytest.approx([t for x in api for t in x[:2]], abs=0.051)
+
+
+def _documents(out: str) -> list[dict]:
+    """The JSON documents the command printed one after another (one per file)."""
+    decoder, docs, rest = json.JSONDecoder(), [], out.strip()
+    while rest:
+        doc, end = decoder.raw_decode(rest)
+        docs.append(doc)
+        rest = rest[end:].strip()
+    return docs
 
 
 @pytest.mark.parametrize("fields, code", [
@@ -479,33 +507,6 @@ def test_a_reference_that_is_not_a_short_clip_gets_400(app: App, short: Conversa
                        data={"response_format": "diarized_json", "known_speaker_names[]": "a",
                              "known_speaker_references[]": url})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_speaker_reference", r.text
-
-
-def test_the_transcribe_command_labels_and_names_speakers(short: Conversation, tmp_path: Path) -> None:
-    """`python -m realtime transcribe --diarize --speaker lj=FILE --format srt`: each cue says who spoke it, the
-    same label for all of a voice's cues, the named voice by its name and the three others by letters;
-    `--speaker` without `--diarize` is refused."""
-    reference = tmp_path / "lj.wav"
-    sf.write(str(reference), voice("lj", REFERENCE_CLIP["lj"])[: 8 * SAMPLE_RATE], SAMPLE_RATE)
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "realtime", "transcribe", *args], capture_output=True,
-                              text=True, timeout=600, cwd=ROOT)
-
-    srt = cli("--diarize", "--speaker", f"lj={reference}", "--format", "srt", str(short.path))
-    assert srt.returncode == 0, srt.stderr
-    said: dict[str, str] = {}
-    for start, end, text in srt_cues(srt.stdout):
-        speaker, sep, words = text.partition(": ")
-        assert sep and words, text
-        truth = voice_of(short, start, end)
-        said.setdefault(truth, speaker)
-        assert speaker == said[truth], (start, end, text, truth)
-    assert said["lj"] == "lj" and len(set(said.values())) == 4, said  # the named voice, three letters
-    assert all(len(v) == 1 for k, v in said.items() if k != "lj")
-
-    bad = cli("--speaker", f"lj={reference}", str(short.path))
-    assert bad.returncode == 2 and "--diarize" in bad.stderr
 
 
 async def until(condition: Callable[[], bool], timeout: float, why: str) -> None:

@@ -37,6 +37,8 @@ def main(argv: list[str]) -> int:
                                    "CTranslate2 directory")
     f.add_argument("--compute-type", help="default: int8 for tiny.en, float32 for base")
     f.add_argument("--runs", type=int, default=3)
+    f.add_argument("--logprobs", action="store_true",
+                   help="also the realtime pipelines asking for each token's log probability (issue 41's cost)")
     f.add_argument("--only", help="comma-separated name prefixes of the pipelines to run (realtime, transformers, "
                                   "vllm, faster-whisper batched); faster-whisper sequential always runs")
     f.add_argument("--out", default="bench-out")

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None,
-                    language: str | None = "en") -> dict[str, Callable[[Path], str]]:
+                    language: str | None = "en", logprobs: bool = False) -> dict[str, Callable[[Path], str]]:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from ..config import WINDOW_S
@@ -39,12 +39,9 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None,
     ours = EmbeddedEngine(model=model_dir, compute_type=compute_type, language=language)
     ours.load()
 
-    def realtime_text(path: Path) -> str:
-        return _final_text(asyncio.run(transcribe_file(path, ours, window_s=WINDOW_S)))
-
-    def realtime_timed(path: Path) -> str:
-        return _final_text(asyncio.run(transcribe_file(path, ours, options=TranscribeOptions(timestamps=True),
-                                                       window_s=WINDOW_S)))
+    def realtime(**options: bool) -> Callable[[Path], str]:
+        return lambda path: _final_text(asyncio.run(transcribe_file(path, ours, options=TranscribeOptions(**options),
+                                                                    window_s=WINDOW_S)))
 
     def fw_sequential(path: Path) -> str:
         segments, _ = fw.transcribe(str(path), beam_size=1, language=language, vad_filter=True)
@@ -55,8 +52,10 @@ def file_contenders(model_dir: str, compute_type: str, hf_dir: Path | None,
         return " ".join(s.text.strip() for s in segments)
 
     contenders: dict[str, Callable[[Path], str]] = {
-        "realtime text (json, text: VAD windows, batched)": realtime_text,
-        "realtime timed (srt, vtt, verbose_json)": realtime_timed,
+        "realtime text (json, text: VAD windows, batched)": realtime(),
+        "realtime timed (srt, vtt, verbose_json)": realtime(timestamps=True),
+        **({"realtime text, with token logprobs (json, include[]=logprobs)": realtime(logprobs=True),
+            "realtime timed, with token logprobs": realtime(timestamps=True, logprobs=True)} if logprobs else {}),
         "faster-whisper (sequential, VAD)": fw_sequential,
         "faster-whisper batched (BatchedInferencePipeline, batch 8)": fw_batched,
     }
@@ -178,7 +177,8 @@ def bench_file(args: argparse.Namespace) -> dict[str, Any]:
         return only is None or name.startswith("faster-whisper (") or any(name.lower().startswith(o) for o in only)
 
     hf_dir, why = _hf_checkpoint(out, model_dir) if wanted("transformers") else (None, "not run (--only)")
-    contenders = {k: v for k, v in file_contenders(model_dir, compute_type, hf_dir, language).items() if wanted(k)}
+    contenders = {k: v for k, v in file_contenders(model_dir, compute_type, hf_dir, language,
+                                                              getattr(args, "logprobs", False)).items() if wanted(k)}
     results: list[dict[str, Any]] = []
     warm = out / "warmup.wav"
     import soundfile as sf
