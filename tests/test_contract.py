@@ -68,7 +68,7 @@ def test_every_registered_engine_declares_the_contract():
     embedded, remote, vllm, _ = engines
     assert (embedded.timestamps, embedded.streaming, embedded.translates, embedded.ready) == (True, False, False, False)
     assert (embedded.word_timestamps, remote.word_timestamps, vllm.word_timestamps) == (True, False, False)
-    assert (embedded.logprobs, remote.logprobs, vllm.logprobs) == (True, False, False)
+    assert (embedded.logprobs, remote.logprobs, vllm.logprobs) == (True, False, True)
     assert not EmbeddedEngine(beam_size=5).logprobs, "CTranslate2 gives a decode's logits at beam size 1 only"
     assert embedded.languages == ("en",), "the bundled tiny.en is English-only"
     assert "de" in remote.languages and "de" in EmbeddedEngine(model="base").languages

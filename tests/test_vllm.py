@@ -404,6 +404,16 @@ class TestEngine:
             assert result.extra["decoder_prompt"] == result.extra["decoded_from"] == EN_PROMPT
             assert [t for t in result.extra["token_ids"] if t < 50257] == tokens
             assert result.text == text and len(tokens) > 8
+        # issue 41: each token's log probability as vLLM sampled it, spelling the same text
+        scored = run(engine.transcribe_batch([decode_file(p) for p in probe["clips"]],
+                                             [TranscribeOptions(language="en", logprobs=True)] * len(probe["clips"])))
+        for result, text in zip(scored, ct2["texts"], strict=True):
+            assert not isinstance(result, BaseException) and result.text == text, result
+            tokens = result.logprobs
+            assert tokens and b"".join(bytes(t.bytes) for t in tokens).decode().strip() == text
+            # the engine's score of its tokens (the end-of-text token among them), less that token's
+            score = result.avg_logprob * (len(result.extra["token_ids"]) + 1)
+            assert 0.0 <= sum(t.logprob for t in tokens) - score < 0.3, (sum(t.logprob for t in tokens), score)
 
     def test_tokens_stream_and_a_stale_partial_is_aborted_in_the_engine(self, run, engine, speech_dir):
         """A streaming decode gives a growing hypothesis a token at a time. A partial the worker drops while vLLM
@@ -486,8 +496,10 @@ class TestEngine:
         long = compose(speech_dir / "long.wav", SENTENCES[1:8], gaps=1.5)
         audio = decode_file(long.path)
         assert audio.size > 31 * 16000
-        result = run(engine.transcribe(audio, TranscribeOptions(language="en")))
+        result = run(engine.transcribe(audio, TranscribeOptions(language="en", logprobs=True)))
         assert result.extra["pieces"] == 2 and wer(long.text, result.text) <= 0.25
+        assert result.logprobs and b"".join(bytes(t.bytes) for t in result.logprobs).decode().split() == \
+            result.text.split(), "each piece's tokens, in order"
         assert "store" in result.segments[-1].text.lower(), "the end of the audio was dropped"
         refused = httpx.post(f"{engine.describe()['engine_url']}/v1/transcribe", content=audio.tobytes(), timeout=30)
         assert refused.status_code == 413 and "at most 30" in refused.json()["error"]

@@ -257,12 +257,15 @@ class EngineBase:
         offset, segments = 0.0, []
         for piece, result in zip(pieces, done, strict=True):
             if result.text:
-                segments.append(TimedText(offset, offset + piece.size / SAMPLE_RATE, result.text))
+                segments.append(TimedText(offset, offset + piece.size / SAMPLE_RATE, result.text,
+                                          logprobs=result.logprobs))
             offset += piece.size / SAMPLE_RATE
+        scored = all(r.logprobs is not None for r in done) and options.logprobs
         return Transcription(
             text=" ".join(s.text for s in segments), language=done[0].language, duration=audio.size / SAMPLE_RATE,
             segments=tuple(segments), engine_seconds=max(r.engine_seconds for r in done),
             extra={"pieces": len(pieces)},
+            logprobs=tuple(t for r in done for t in r.logprobs or ()) if scored else None,
         )
 
     async def transcribe_stream(self, audio: np.ndarray, options: TranscribeOptions) -> AsyncIterator[str]:

@@ -541,7 +541,7 @@ class EmbeddedEngine(EngineBase):
 
     def _spell(self, token: int) -> bytes:
         """A token's bytes (the tokenizer's byte-level alphabet read back)."""
-        return bytes(_BYTES[c] for c in self._model.hf_tokenizer.id_to_token(token))
+        return lp.spell(self._model.hf_tokenizer.id_to_token(token))
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -615,20 +615,6 @@ def _split(sizes: list[int], idxs: list[int]) -> tuple[list[int], list[int]]:
     n = len(order)
     cut = min(range(1, n), key=lambda k: max(k * ordered[k - 1], (n - k) * ordered[-1]))
     return [idxs[k] for k in order[:cut]], [idxs[k] for k in order[cut:]]
-
-
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, in which Whisper's tokenizer spells its tokens: each character to its byte."""
-    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(shown)
-    for b in range(256):
-        if b not in shown:
-            shown.append(b)
-            chars.append(256 + len(chars) - 188)
-    return {chr(c): b for b, c in zip(shown, chars, strict=True)}
-
-
-_BYTES = _byte_alphabet()
 
 
 class _Scoring:

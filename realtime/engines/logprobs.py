@@ -15,6 +15,25 @@ import numpy as np
 from .types import TokenLogprob, Word
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, in which Whisper's tokenizers spell their tokens: each character to its byte."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(shown)
+    for b in range(256):
+        if b not in shown:
+            shown.append(b)
+            chars.append(256 + len(chars) - 188)
+    return {chr(c): b for b, c in zip(shown, chars, strict=True)}
+
+
+_BYTES = _byte_alphabet()
+
+
+def spell(token: str) -> bytes:
+    """A token's bytes, from the tokenizer's byte-level spelling of it ("Ġthe" is b" the")."""
+    return bytes(_BYTES[c] for c in token)
+
+
 def steps(ids: Sequence[int], logits: Sequence[Any]) -> list[float]:
     """The log probability of each token of a hypothesis at its step: the log-softmax of the step's logits at it.
     `logits` holds one row of the vocabulary per step, as CTranslate2 returns them (`return_logits_vocab`)."""

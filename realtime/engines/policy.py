@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 
+from .logprobs import within
 from .types import TimedText, TranscribeOptions, Transcription
 
 SILENCE_PEAK = 1e-3
@@ -200,7 +201,8 @@ async def with_fallback(decode: Callable[[TranscribeOptions], Awaitable[Transcri
         text = settle(h)
         if text == result.text:
             return result
-        segments = (TimedText(0.0, result.duration, text),) if text else ()
-        return dataclasses.replace(result, text=text, segments=segments,
+        logprobs = None if result.logprobs is None else within(text, result.logprobs)
+        segments = (TimedText(0.0, result.duration, text, logprobs=logprobs),) if text else ()
+        return dataclasses.replace(result, text=text, segments=segments, logprobs=logprobs,
                                    extra={**result.extra, "temperature": temperature})
     raise AssertionError("unreachable")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..audio import SAMPLE_RATE
+from . import logprobs as lp
 from . import policy
 from .base import EngineBase, EngineError, TimedText, TranscribeOptions, Transcription, english_only, translating
 
@@ -209,6 +210,8 @@ class VllmEngine(EngineBase):
     timestamps = False
     word_timestamps = False
     """vLLM's Whisper returns tokens only, not the cross-attention that word alignment needs."""
+    logprobs = True  # type: ignore[assignment]
+    """vLLM gives each sampled token's log probability (`SamplingParams.logprobs=0`)."""
     abortable = True
     """The worker may cancel a running request (a stale partial); the engine then aborts it in vLLM."""
     streaming = True
@@ -598,9 +601,15 @@ class VllmEngine(EngineBase):
                 log.warning("vLLM engine connection broke (%s); the segment will be sent again", exc)
                 await self._recovered(generation)
         text = final.get("text", "").strip()
+        scored = None
+        if options.logprobs:
+            ids, spellings = final.get("token_ids") or [], final.get("token_spellings") or []
+            spelled = dict(zip(ids, spellings, strict=True))
+            scored = lp.within(text, lp.text_tokens(ids, final.get("token_logprobs") or [],
+                                                    lambda t: lp.spell(spelled[t]), int(final["eot"])))
         return Transcription(
             text=text, language=final.get("language"), duration=duration,
-            segments=(TimedText(0.0, duration, text),) if text else (),
+            segments=(TimedText(0.0, duration, text, logprobs=scored),) if text else (), logprobs=scored,
             avg_logprob=float(final.get("avg_logprob", 0.0)), engine_seconds=time.perf_counter() - t0,
             extra={k: final.get(k)
                    for k in ("token_ids", "finish_reason", "first_token_s", "decoder_prompt", "decoded_from")},

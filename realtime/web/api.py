@@ -318,8 +318,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         try:
             # a streaming engine's deltas carry no times to check a packed window by: a window per segment
             segments = SegmentStream(path, settings.vad_config(), window_s=settings.file_window_s or None,
-                                     max_parts=1 if engine.streaming else window_parts(engine))
-            if engine.streaming:
+                                     max_parts=1 if engine.streaming and not options.logprobs
+                                     else window_parts(engine))
+            if engine.streaming and not options.logprobs:  # a streaming engine's deltas carry no tokens
                 async for end in segments:
                     parts: list[str] = []
                     try:

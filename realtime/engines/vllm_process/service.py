@@ -403,7 +403,7 @@ class Service:
                    "decoder_prompt": {"prompt_token_ids": decoder}}
         text: list[str] = []
         tokens: list[int] = []
-        logprob = 0.0
+        logprobs: list[float] = []  # each token's, in order
         finish = None
         first_token_s = None
         decoded_from: list[int] | None = None
@@ -427,9 +427,9 @@ class Service:
                     if first_token_s is None:
                         first_token_s = time.perf_counter() - t0
                     tokens.extend(o.token_ids)
-                    for lp, tid in zip(o.logprobs or [], o.token_ids, strict=False):
-                        if tid in lp:
-                            logprob += float(lp[tid].logprob)
+                    given = list(o.logprobs or [])
+                    logprobs += [float(lp[tid].logprob) if k < len(given) and tid in (lp := given[k]) else 0.0
+                                 for k, tid in enumerate(o.token_ids)]
                     if o.text:
                         text.append(o.text)
                         yield {"delta": o.text, "tokens": len(tokens)}
@@ -446,7 +446,9 @@ class Service:
             self.stats[status] += 1
         yield {
             "done": True, "text": "".join(text).strip(), "token_ids": tokens, "language": language,
-            "finish_reason": finish, "avg_logprob": logprob / (len(tokens) + 1),
+            "finish_reason": finish, "avg_logprob": sum(logprobs) / (len(tokens) + 1),
+            "token_logprobs": logprobs, "token_spellings": self.tokenizer.convert_ids_to_tokens(tokens),
+            "eot": self.vocab.eot,
             "engine_seconds": time.perf_counter() - t0, "first_token_s": first_token_s,
             "decoder_prompt": decoder, "decoded_from": decoded_from,
         }
