@@ -355,9 +355,11 @@ def language(p: Playwright, app: App, mic: Path, upload: Path, requests: list[st
     return r
 
 
-def speakers(p: Playwright, app: App, mic: Path, requests: list[str], shots: Path) -> dict[str, Any]:
+def speakers(p: Playwright, app: App, mic: Path, requests: list[str], shots: Path,
+             until: str | None = None) -> dict[str, Any]:
     """A browser whose microphone loops a conversation: the file tab labels the conversation's lines; the live
-    view labels its finals, a speaker is renamed, and the download has the name."""
+    view labels its finals (with `until`, also a labelled final line that says it), a speaker is renamed, and the
+    download has the name."""
     browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                 args=[*FLAGS, f"--use-file-for-fake-audio-capture={mic.resolve()}"])
     context = browser.new_context(viewport={"width": 1280, "height": 800})
@@ -385,6 +387,11 @@ def speakers(p: Playwright, app: App, mic: Path, requests: list[str], shots: Pat
         if not r["settled"] and len(lines) >= 5:
             r["settled"] = len(lines)
         if r["settled"] and all(x["speaker"] for x in lines[:r["settled"]]):
+            break
+        page.wait_for_timeout(300)
+    while until and time.monotonic() < deadline:
+        if any(until in x["final"] and x["speaker"] for x in page.evaluate(LINES, "#rt-transcript")):
+            page.wait_for_timeout(2000)  # a later window of that segment may still revise its turns
             break
         page.wait_for_timeout(300)
     r["lines"] = page.evaluate(LINES, "#rt-transcript")
@@ -436,7 +443,8 @@ def other_apps(a: argparse.Namespace, results: dict[str, Any]) -> None:
     scenarios: dict[str, Callable[[Playwright, App], dict[str, Any]]] = {
         "language": lambda p, app: language(p, app, a.language_mic, a.language_upload, results["requests"],
                                             a.artifacts),
-        "speakers": lambda p, app: speakers(p, app, a.speakers_mic, results["requests"], a.shots),
+        "speakers": lambda p, app: speakers(p, app, a.speakers_mic, results["requests"], a.shots,
+                                            a.speakers_until),
     }
     apps: list[App] = []
     try:
@@ -477,6 +485,8 @@ def main() -> None:
     ap.add_argument("--language-upload", type=Path, help="the recording its file tab is given (not German)")
     ap.add_argument("--speakers-mic", type=Path, help="the speaker-labelling app's browser's microphone: people "
                     "taking turns (looped); also its file tab's upload")
+    ap.add_argument("--speakers-until", help="words of a line the speaker-labelling app's live view must show, "
+                                             "labelled, before its lines are read")
     ap.add_argument("--synth", type=Path, required=True, help="sentences a browser of its own plays once")
     ap.add_argument("--synth-shot", type=Path, required=True, help="its screenshot")
     ap.add_argument("--synth-expect", type=int, required=True, help="its sentences (final lines to wait for)")

@@ -38,3 +38,32 @@ def build_turns(path: Path, turns: list[tuple[str, int]]) -> Conversation:
 def short_conversation(path: Path) -> Conversation:
     """`SHORT_TURNS` written to `path`."""
     return build_turns(path, SHORT_TURNS)
+
+
+CHANGE_GAP_S = 0.15
+"""The pause between two voices that one VAD segment holds (far under the VAD's minimum silence)."""
+CHANGE = (("lj", 3), ("s1089", 3))
+"""The two turns said one after the other within one segment: LJ001-0004 ("...the true printed book,") then
+1089-134691-0001 ("For a full hour he had paced up and down, waiting..."), each voice heard alone before."""
+
+
+def trimmed(audio: np.ndarray) -> np.ndarray:
+    """A clip without the quiet before and after its speech."""
+    loud = np.flatnonzero(np.abs(audio) > 0.05 * np.abs(audio).max())
+    return audio[loud[0]:loud[-1] + 1]
+
+
+def conversation_with_a_change(path: Path) -> Conversation:
+    """`SHORT_TURNS`, then the two turns of `CHANGE` with `CHANGE_GAP_S` between them: a segment in which the
+    speaker changes. Its spans are the turns' (the last two those of `CHANGE`)."""
+    talk = short_conversation(path)
+    audio, _ = sf.read(str(path), dtype="float32")
+    first, second = (trimmed(decode_file(DATA / f"{VOICES[who][i]}.flac")) for who, i in CHANGE)
+    t = audio.size / SAMPLE_RATE
+    gap = np.zeros(round(CHANGE_GAP_S * SAMPLE_RATE), np.float32)
+    tail = np.zeros(round(PAUSE_S * SAMPLE_RATE), np.float32)
+    sf.write(str(path), np.concatenate([audio, first, gap, second, tail]), SAMPLE_RATE, subtype="PCM_16")
+    spans = [(t, t + first.size / SAMPLE_RATE, CHANGE[0][0]),
+             (t + (first.size + gap.size) / SAMPLE_RATE, t + (first.size + gap.size + second.size) / SAMPLE_RATE,
+              CHANGE[1][0])]
+    return Conversation(path, [*talk.turns, *spans])

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 import soundfile as sf
-from short_conversation import short_conversation
+from short_conversation import conversation_with_a_change
 
 from realtime.audio import SAMPLE_RATE, decode_file
 
@@ -48,6 +48,11 @@ worker for seconds."""
 FRENCH = LANGUAGES / "fleurs-fr-002.ogg"  # its first 3.5 s (one phrase) are the language scenario's upload
 ENGLISH_WORDS = {"the", "of", "you", "and", "to", "a", "in", "is", "that", "for", "it", "if", "we", "they", "on", "at",
                  "have", "this", "be", "are"}
+
+
+CHANGED_FROM, CHANGED_TO = "printed book", "full hour"
+"""Words of the two sentences that the speakers' microphone says within one segment (short_conversation.py
+`CHANGE`)."""
 
 
 def _words(text: str) -> list[str]:
@@ -75,7 +80,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
     for old in shots.glob("*.png"):
         old.unlink()
     out = tmp / "result.json"
-    talk = short_conversation(tmp / "conversation.wav")
+    talk = conversation_with_a_change(tmp / "conversation.wav")
     synth = compose(tmp / "speech.wav", SENTENCES[:3], gaps=1.2, lead=1.0, tail=2.0)
     ARTIFACTS.mkdir(exist_ok=True)
     for old in ARTIFACTS.glob("browser-*.png"):
@@ -83,6 +88,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Compilation, str, dic
     check = [sys.executable, str(ROOT / "tests" / "page_check.py"), "--mic", str(mic.path), "--upload", str(upload),
              "--out", str(out), "--shots", str(shots), "--artifacts", str(shots),
              "--language-mic", str(german.path), "--language-upload", str(french), "--speakers-mic", str(talk.path),
+             "--speakers-until", CHANGED_TO,
              "--synth", str(synth.path), "--synth-shot", str(SHOT), "--synth-expect", str(len(synth.texts))]
     proc = subprocess.run(["unshare", "--net", "bash", "-c", 'ip link set lo up && exec "$@"', "netns", *check],
                           cwd=ROOT, capture_output=True, text=True, timeout=1100,
@@ -129,7 +135,8 @@ def test_live_view_lines_downloads_and_copy(run: tuple[Compilation, str, dict[st
 def test_speakers_labelled_in_the_file_tab_and_live_and_renamed(run: tuple[Compilation, str, dict[str, Any]]) -> None:
     """An app with --diarize, the microphone and the upload a conversation of four real voices taking turns: the
     toggle shows, every line of both tabs carries a speaker with its own colour, and a rename on the page reaches
-    the transcript and its downloads."""
+    the transcript and its downloads. At its end two voices speak within one segment, 0.15 s apart: the live view
+    shows two lines there, each with its speaker (issue 39)."""
     s = _scenario(run[2], "speakers")
     assert s["toggle"] == {"visible": True, "checked": True}, s["toggle"]
     assert s["file"]["state"] == "done", s["file"]
@@ -139,6 +146,12 @@ def test_speakers_labelled_in_the_file_tab_and_live_and_renamed(run: tuple[Compi
         labels = {x["speaker"] for x in said}
         assert len(labels) >= 3, labels
         assert len({x["colour"] for x in said}) == len(labels), said
+    # issue 39: where the speaker changes inside a segment (two sentences 0.15 s apart), the line is cut
+    live = [x for x in s["lines"] if x["final"]]
+    after = next(k for k, x in enumerate(live) if CHANGED_TO in x["final"].lower())
+    assert after > 0 and CHANGED_FROM not in live[after]["final"].lower(), live[after - 1:after + 1]
+    assert CHANGED_FROM in live[after - 1]["final"].lower(), live[after - 1:after + 1]
+    assert live[after - 1]["speaker"] != live[after]["speaker"], live[after - 1:after + 1]
     assert any(x["speaker"] == "Alice" for x in s["renamed"]), s["renamed"]
     assert not any(x["speaker"] == "Speaker 1" for x in s["renamed"]), s["renamed"]
     d = s["downloads"]

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from openai import OpenAI
-from short_conversation import build_turns, short_conversation
+from short_conversation import build_turns, short_conversation, trimmed
 
 from realtime.audio import SAMPLE_RATE, decode_file, iter_file
 from realtime.bench.speakers import bench_speakers, der, padded, read_rttm, srt_cues, vad_segments
@@ -296,12 +296,6 @@ def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conv
     assert snapshot.entries[0].speaker == "Linda" and "Linda: " in fmt.to_text(snapshot.entries)
 
 
-def _trimmed(audio: np.ndarray) -> np.ndarray:
-    """A clip without the quiet before and after its speech."""
-    loud = np.flatnonzero(np.abs(audio) > 0.05 * np.abs(audio).max())
-    return audio[loud[0]:loud[-1] + 1]
-
-
 def test_a_live_line_is_cut_where_the_speaker_changes_inside_a_segment(engine):
     """Issue 39, live: two real voices, each heard alone first, then one after the other with 0.15 s between them,
     a pause too short for the VAD to end the segment. The final of that segment becomes two lines, the first
@@ -311,7 +305,7 @@ def test_a_live_line_is_cut_where_the_speaker_changes_inside_a_segment(engine):
     waiting" was missing from the live transcript (the final is decoded again when its words leave its speech
     bare, `TranscriptionSession._stopped_short`)."""
     pause = np.zeros(round(0.8 * SAMPLE_RATE), np.float32)
-    joined = [_trimmed(voice("lj", 3)), np.zeros(round(0.15 * SAMPLE_RATE), np.float32), _trimmed(voice("s1089", 3))]
+    joined = [trimmed(voice("lj", 3)), np.zeros(round(0.15 * SAMPLE_RATE), np.float32), trimmed(voice("s1089", 3))]
     change = sum(a.size for a in [voice("lj", 0), pause, voice("s1089", 0), pause, *joined[:2]]) / SAMPLE_RATE
     audio = np.concatenate([voice("lj", 0), pause, voice("s1089", 0), pause, *joined, pause])
     segmenter = Segmenter(VADConfig())
