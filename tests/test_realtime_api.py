@@ -117,6 +117,43 @@ def test_remainder_never_takes_words_back():
     assert remainder(["a", "b"], "a b") == []
 
 
+@pytest.mark.fast
+def test_the_final_s_rest_goes_out_with_its_tokens_after_deltas_already_sent():
+    """Issue 41: with log-probabilities asked, the words of the final past those the partials' deltas sent go out as
+    a last delta with their own tokens, and the completed transcript has every word (a rest given its tokens by
+    their place in the final, not in the words sent, was held back: the transcript lost the sentence's end)."""
+    import types
+
+    from realtime.config import Settings
+    from realtime.engines.types import TokenLogprob
+    from realtime.live.events import FinalEvent, PartialEvent, SpeechStarted
+    from realtime.web.realtime_api.connection import RealtimeConnection
+    from realtime.web.realtime_api.protocol import Config
+
+    def tokens(*pieces: str) -> tuple[TokenLogprob, ...]:
+        return tuple(TokenLogprob(p, -0.1 * (k + 1), tuple(p.encode())) for k, p in enumerate(pieces))
+
+    async def send_text(text: str) -> None:
+        return None
+
+    conn = RealtimeConnection(types.SimpleNamespace(settings=Settings()), Config(include=[LOGPROBS]), 0,  # type: ignore[arg-type]
+                              send_text)
+    heard = tokens(" Hello", " there", " friend")
+    conn.on_event(SpeechStarted(0, 0.0))
+    conn.on_event(PartialEvent(0, 0.0, 1.0, "Hello there", "friend", logprobs=tuple((t,) for t in heard)))
+    conn.on_event(FinalEvent(0, 0.0, 2.0, "Hello there, my friend.", 0.1,
+                             logprobs=tokens(" Hello", " there", ",", " my", " friend", ".")))
+    sent = []
+    while not conn.outbox.empty():
+        sent.append(conn.outbox.get_nowait())
+    deltas = [e for e in sent if e["type"].endswith(".delta")]
+    completed = next(e for e in sent if e["type"].endswith(".completed"))
+    assert [d["delta"] for d in deltas] == ["Hello there", " my friend."], deltas
+    assert [t["token"] for t in deltas[1]["logprobs"]] == [" my", " friend", "."]
+    assert completed["transcript"] == "Hello there my friend."
+    assert completed["logprobs"] == [t for d in deltas for t in d["logprobs"]]
+
+
 # -- the SDK and the events
 def sdk(app: App, key: str = KEY) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{app.url}/v1", api_key=key, max_retries=0)

@@ -169,10 +169,11 @@ class RealtimeConnection:
     def _complete(self, item: _Item, text: str, seconds: float,
                   logprobs: tuple[TokenLogprob, ...] | None = None) -> None:
         rest = remainder(item.sent, text)
-        if rest:
+        if rest:  # the rest's tokens, placed as `_delta` reads them: by position among the words sent and the rest
             words = _words(text)
-            by_word = lp.by_words(words, lp.within(text, logprobs)) if logprobs is not None else None
-            self._delta(item, item.sent + rest, by_word[len(words) - len(rest):] if by_word is not None else None)
+            by_word = None if logprobs is None else \
+                [()] * len(item.sent) + lp.by_words(words, lp.within(text, logprobs))[len(words) - len(rest):]
+            self._delta(item, item.sent + rest, by_word)
         self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
                    "content_index": 0, "transcript": " ".join(item.sent),
                    **({"logprobs": item.said} if LOGPROBS in self.config.include else {}),
