@@ -7,7 +7,10 @@ text — a word, the words kept of a piece, a run of words sent as a delta — a
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -76,25 +79,19 @@ def within(text: str, tokens: Sequence[TokenLogprob]) -> tuple[TokenLogprob, ...
 def by_words(words: Sequence[str], tokens: Sequence[TokenLogprob]) -> list[tuple[TokenLogprob, ...]]:
     """The tokens of each of `words`, which spell the tokens' text in order (spaces aside): a token goes to the
     word its first non-space byte falls in."""
-    ends, at = [], 0
-    for w in words:
-        at += len(w.strip().encode())
-        ends.append(at)
+    if not words:
+        return []
+    ends = list(itertools.accumulate(len(w.strip().encode()) for w in words))
     out: list[list[TokenLogprob]] = [[] for _ in words]
     at = 0
     for t in tokens:
-        raw = bytes(t.bytes)
-        k = next((i for i, end in enumerate(ends) if at < end), len(words) - 1)
-        if words:
-            out[max(k, 0)].append(t)
-        at += len(raw.replace(b" ", b""))
+        out[min(bisect.bisect_right(ends, at), len(words) - 1)].append(t)
+        at += len(bytes(t.bytes).replace(b" ", b""))
     return [tuple(x) for x in out]
 
 
 def onto_words(words: Sequence[Word], tokens: Sequence[TokenLogprob]) -> tuple[Word, ...]:
     """`words` (which spell the tokens' text) each with its tokens."""
-    from dataclasses import replace
-
     return tuple(replace(w, logprobs=lp) for w, lp in zip(words, by_words([w.word for w in words], tokens),
                                                           strict=True))
 
