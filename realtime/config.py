@@ -155,6 +155,16 @@ class Settings:
     vllm_max_restarts: int = _opt("failed restarts in a row before the vLLM engine is given up", default=3)
     vllm_cache_dir: str = _opt("where converted CTranslate2 weights are kept (empty: "
                                "~/.cache/realtime-transcription/hf-whisper)", default="")
+    # -- history (realtime/store)
+    history: bool = _opt("keep every live session's transcript in a database (--no-history: nothing on disk, "
+                         "transcripts in memory until they age out)", default=True)
+    data_dir: str = _opt("folder of the history's SQLite database (empty: ~/.local/share/realtime-transcription; on a "
+                         "Space, /data when persistent storage is attached, else no history)", default="")
+    database_url: str = _opt("database of the history instead of the data folder's SQLite: postgresql://user@host/db "
+                             "(instances sharing one share the history)", default="")
+    keep_days: float = _opt("delete sessions older than this many days (0: keep all)", default=0.0)
+    secret: str = _opt("secret of the transcripts' tokens (empty: one kept in the history's database, else made at "
+                       "start-up); instances behind one address need the same", default="")
     # -- HTTP transcription API (realtime/web/api.py)
     api_key: str = _opt("bearer token that the HTTP API (/v1/audio/*, /api/v1/audio/*, /v1/models) requires; "
                         "empty: no key", default="")

@@ -316,7 +316,9 @@ def _launch(tmp: Path, args: tuple[str, ...], env: dict[str, str] | None, timeou
     # the app reads settings and Space variables from its environment: start from a clean one
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("REALTIME_", "GRADIO_")) and k not in
                  SPACE_VARIABLES}
-    full_env = {**inherited, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+    # each app keeps its history in the test's folder (a flag given wins)
+    full_env = {**inherited, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+                "REALTIME_DATA_DIR": str(tmp / "data"), **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--ice-loopback", *args],
         cwd=ROOT, env=full_env, stdout=log.open("wb"), stderr=subprocess.STDOUT,

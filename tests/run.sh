@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # and worker) compiles gradio, torch or vllm again, seconds of CPU each (some machines set this for their shells)
 unset PYTHONDONTWRITEBYTECODE
 
-APT_PACKAGES=(chromium espeak-ng sox iproute2 util-linux coturn)
+APT_PACKAGES=(chromium espeak-ng sox iproute2 util-linux coturn postgresql)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

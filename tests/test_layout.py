@@ -1,6 +1,6 @@
 """The package's layout and import graph: the top level holds the entry points and the shared ground, every other
-module sits in a layer's folder, imports run one way (ground <- engines <- speakers <- live <- web <- pool <- bench),
-and no module imports one that (directly or not) imports it back."""
+module sits in a layer's folder, imports run one way (ground <- engines <- speakers <- live <- store <- web <- pool
+<- bench), and no module imports one that (directly or not) imports it back."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 pytestmark = pytest.mark.fast
 
 PACKAGE = Path(__file__).resolve().parent.parent / "realtime"
-LAYERS = ("ground", "engines", "speakers", "live", "web", "pool", "bench")
+LAYERS = ("ground", "engines", "speakers", "live", "store", "web", "pool", "bench")
 """From the bottom: a module may import its own layer and the layers below it, never one above. Ground: audio,
 settings and the Space's variables; the engines; the speaker model (it needs no engine); the live pipeline and the
-file path; the web faces; the Ray Serve pool (it serves the engines behind the app's own HTTP API); the benchmarks,
-which measure everything."""
+file path; the history (a database of live sessions); the web faces; the Ray Serve pool (it serves the engines
+behind the app's own HTTP API); the benchmarks, which measure everything."""
 
 
 def layer(name: str) -> str | None:

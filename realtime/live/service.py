@@ -1,7 +1,8 @@
 """The transcription service of one process: the engine, the worker and the live sessions.
 
 Sessions are keyed by their WebRTC connection id. Closed sessions keep their transcript (not their
-audio) for a while so that a page can still download it.
+audio) for a while so that a page can still download it; with a `History` (realtime/store), every session is
+kept in it as it goes and read back from it once out of memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import Settings
 from ..engines import Engine, create_engine
@@ -23,7 +24,7 @@ from ..speakers import Diarizer, LiveSpeakers
 from .events import Event
 from .memory import IdleTrim
 from .session import TranscriptionSession
-from .transcript import TranscriptSnapshot
+from .transcript import Entry, TranscriptSnapshot
 from .vad import SileroVAD, VADConfig
 from .worker import Worker
 
@@ -43,6 +44,30 @@ def _yield_cpu() -> None:
         pass
 
 
+class History(Protocol):
+    """What the service needs of a history that keeps sessions beyond the process (realtime/store's `Recorder`)."""
+
+    def track(self, session_id: str, source: str, forward: Callable[[Event], None],
+              entries_of: Callable[[int], list[Entry]]) -> Callable[[Event], None]:
+        """Keep a session that opens; the callback to give it in place of `forward`."""
+
+    def end(self, session_id: str) -> None: ...
+
+    def clear(self, session_id: str) -> None: ...
+
+    def entries(self, session_id: str) -> tuple[Entry, ...] | None:
+        """A kept session's transcript, or None."""
+
+    def rename_speaker(self, session_id: str, speaker: str, name: str) -> bool: ...
+
+    def recover(self) -> int:
+        """Mark the sessions of processes that ended without closing them as interrupted; how many."""
+
+    def close(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 class TranscriptionService:
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.settings = settings
@@ -58,6 +83,8 @@ class TranscriptionService:
         self._diarizer: Diarizer | None = None
         self._diarizer_lock = threading.Lock()
         self._speaker_pool: ThreadPoolExecutor | None = None
+        self.history: History | None = None
+        """Where sessions are kept beyond the process, when they are."""
 
     def diarizer(self) -> Diarizer:
         """The speaker model, loaded on first use (from any thread); raises SpeakersUnavailable when its
@@ -82,6 +109,11 @@ class TranscriptionService:
             self.error = str(exc)
             raise
         self._ensure_worker()
+        if self.history is not None:
+            interrupted = await asyncio.to_thread(self.history.recover)
+            if interrupted:
+                log.warning("%d sessions of a process that ended without closing them are marked interrupted",
+                            interrupted)
         self.ready = True
 
     async def stop(self) -> None:
@@ -93,6 +125,8 @@ class TranscriptionService:
         await self.engine.close()
         if self._speaker_pool is not None:
             self._speaker_pool.shutdown(wait=False, cancel_futures=True)
+        if self.history is not None:
+            await asyncio.to_thread(self.history.close)
 
     def _ensure_worker(self) -> Worker:
         if self.worker is None:  # first session on a loop where start() was not awaited
@@ -107,14 +141,19 @@ class TranscriptionService:
         return self._ensure_worker()
 
     def open_session(self, session_id: str, on_event: Callable[[Event], None],
-                     vad_config: VADConfig | None = None, speakers: bool = True) -> TranscriptionSession:
+                     vad_config: VADConfig | None = None, speakers: bool = True,
+                     source: str = "webrtc") -> TranscriptionSession:
         """A live session; `vad_config` replaces the app's VAD settings for it (the Realtime API's turn detection);
-        it labels speakers where the app has the speaker model loaded, unless `speakers` is False."""
+        it labels speakers where the app has the speaker model loaded, unless `speakers` is False. With a history,
+        its events reach `on_event` once what they announce is written (`source` says where it came from)."""
         existing = self.sessions.get(session_id)
         if existing is not None:
             return existing
         s = self.settings
         labelled = speakers and self.speakers_ready
+        if self.history is not None:
+            on_event = self.history.track(session_id, source, on_event,
+                                          lambda segment: session.transcript.entries_of(segment))
         session = TranscriptionSession(
             session_id,
             self._ensure_worker(),
@@ -138,6 +177,8 @@ class TranscriptionService:
         if session is None:
             return
         session.close()
+        if self.history is not None:
+            self.history.end(session_id)
         self.closed[session_id] = session.transcript.snapshot()
         while len(self.closed) > KEEP_CLOSED:
             self.closed.popitem(last=False)
@@ -147,7 +188,12 @@ class TranscriptionService:
         session = self.sessions.get(session_id)
         if session is not None:
             return session.transcript.snapshot()
-        return self.closed.get(session_id)
+        closed = self.closed.get(session_id)
+        if closed is None and self.history is not None:
+            stored = self.history.entries(session_id)
+            if stored is not None:
+                return TranscriptSnapshot(stored, None)
+        return closed
 
     def rename_speaker(self, session_id: str, speaker: str, name: str) -> bool:
         """Call a speaker of a session (live or closed) `name` in its transcript from now on."""
@@ -156,8 +202,11 @@ class TranscriptionService:
             return session.rename(speaker, name)
         snapshot = self.closed.get(session_id)
         name = " ".join(name.split())[:64]
-        if snapshot is None or not name or not any(e.speaker == speaker for e in snapshot.entries):
+        if not name:
             return False
+        stored = self.history is not None and self.history.rename_speaker(session_id, speaker, name)
+        if snapshot is None or not any(e.speaker == speaker for e in snapshot.entries):
+            return stored
         entries = tuple(dataclasses.replace(e, speaker=name) if e.speaker == speaker else e for e in snapshot.entries)
         self.closed[session_id] = dataclasses.replace(snapshot, entries=entries)
         return True
@@ -167,6 +216,8 @@ class TranscriptionService:
         if session is not None:
             session.clear()
         self.closed.pop(session_id, None)
+        if self.history is not None:
+            self.history.clear(session_id)
 
     def health(self) -> dict[str, Any]:
         worker = self.worker
@@ -185,4 +236,5 @@ class TranscriptionService:
                 "partials_shed": worker.stats.partials_shed if worker else 0,
                 "errors": worker.stats.errors if worker else 0,
             },
+            "history": self.history.describe() if self.history is not None else None,
         }

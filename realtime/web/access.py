@@ -3,8 +3,9 @@
 
 Without `--api-key`, an unguessable connection id is the rule: whoever has the id can read its transcript
 (the page makes random ids). With `--api-key`, a request needs the key as a Bearer token, or the session's
-own token as `?token=...`: an HMAC of the id under a secret made at start-up, so only the page (in its
-status links) and the client that posted the offer (`transcript_token` in the answer) hold it. Both are
+own token as `?token=...`: an HMAC of the id under the app's secret (`--secret`, else the one kept in the history's
+database, else one made at start-up), so only the page (in its status links) and the client that posted the offer
+(`transcript_token` in the answer) hold it, and it still opens the transcript after a restart. Both are
 compared with `hmac.compare_digest`.
 """
 
@@ -19,6 +20,12 @@ from starlette.requests import Request
 _SECRET = secrets.token_bytes(32)
 
 
+def use_secret(secret: bytes) -> None:
+    """Make the sessions' tokens under `secret` from now on."""
+    global _SECRET
+    _SECRET = secret
+
+
 def bearer(authorization: str) -> str | None:
     """The token of an `Authorization: Bearer <token>` header value, or None."""
     scheme, _, token = authorization.partition(" ")
@@ -31,7 +38,7 @@ def is_key(token: str | None, api_key: str) -> bool:
 
 
 def session_token(session_id: str) -> str:
-    """The token that opens this session's transcript (the same for the life of the process)."""
+    """The token that opens this session's transcript (the same while the secret is)."""
     return hmac.new(_SECRET, session_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 

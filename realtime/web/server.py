@@ -7,7 +7,9 @@ Routes besides the page:
 - `GET /transcript/{webrtc_id}/events`: the session's transcript events as Server-Sent Events (JSON).
 - `GET /transcript/{webrtc_id}.{txt,srt,vtt,json}`: the transcript so far (`?max_line_chars=N`: srt/vtt cues cut
   at word times). With `--api-key`, both transcript routes need the key or the session's token (realtime/web/access.py).
-- `GET /health`: engine, model, readiness and queue figures.
+- `GET /health`: engine, model, readiness, queue figures and the history's state (an error while it cannot be
+  written).
+- `/v1/transcripts`: the history of sessions (realtime/web/history.py).
 - `GET /metrics`: Prometheus metrics (realtime/web/metrics.py).
 - `GET /health/live` (200 while the process serves) and `GET /health/ready` (503 while the engine loads or its
   endpoints are down).
@@ -17,10 +19,13 @@ Routes besides the page:
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import logging
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,9 +42,11 @@ from ..config import Settings, parse_settings
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..live.transcript import TranscriptSnapshot
-from .access import allowed, session_token
+from ..store import Recorder, Store, open_store
+from .access import allowed, session_token, use_secret
 from .api import create_router
 from .api_fields import APIError, line_chars
+from .history import create_history_router
 from .ice import use_loopback_only
 from .limits import SessionLimits
 from .metrics import Metrics
@@ -104,10 +111,44 @@ def _refuse_other_methods(app: FastAPI, routes: list[Any]) -> None:
         app.router.routes.append(Route(path, _WrongMethod(", ".join(sorted(methods))), include_in_schema=False))
 
 
+RECOVER_EVERY_S = 60.0
+PURGE_EVERY_S = 3600.0
+
+
+async def _housekeeping(service: TranscriptionService, store: Store, keep_days: float) -> None:
+    """Every minute, the live sessions of instances that have died since (on a shared database) marked interrupted;
+    with `keep_days`, sessions older than that deleted, at start and every hour."""
+    purged_at = -PURGE_EVERY_S
+    while True:
+        try:
+            if keep_days and time.monotonic() - purged_at >= PURGE_EVERY_S:
+                purged_at = time.monotonic()
+                gone = await asyncio.to_thread(store.purge, time.time() - keep_days * 86400)
+                if gone:
+                    log.info("%d sessions older than %g days deleted", gone, keep_days)
+            await asyncio.sleep(RECOVER_EVERY_S)
+            if service.history is not None:
+                await asyncio.to_thread(service.history.recover)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("history housekeeping failed: %s", exc)
+            await asyncio.sleep(RECOVER_EVERY_S)
+
+
 def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
     if settings.ice_loopback:
         use_loopback_only()
     service = service or TranscriptionService(settings)
+    store = open_store(settings)
+    if store is not None:
+        described = service.engine.describe()
+        service.history = Recorder(store, str(described.get("engine", settings.engine)),
+                                   str(described.get("model") or settings.model or ""), settings.language)
+    if settings.secret:
+        use_secret(hashlib.sha256(settings.secret.encode()).digest())
+    elif store is not None:
+        use_secret(store.secret())
     turn = Turn(settings)
     transcripts = PageTranscripts(service)
     page, webrtc = build_page(service, turn, transcripts)
@@ -125,7 +166,11 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         log.info("limits: %s", json.dumps(limits.describe()))
         await turn.start()
         limits.start()
+        housekeeping = (asyncio.create_task(_housekeeping(service, store, settings.keep_days))
+                        if store is not None else None)
         yield
+        if housekeeping is not None:
+            housekeeping.cancel()
         await limits.stop()
         await service.stop()
 
@@ -225,7 +270,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         return Response(body, status_code=response.status_code, headers=headers)
 
     app.middleware("http")(metrics.middleware)
-    routers = [create_router(service, lane_hints=bool(settings.api_key)), create_realtime_router(service)]
+    routers = [create_router(service, lane_hints=bool(settings.api_key)), create_realtime_router(service),
+               create_history_router(service, store)]
     for router in routers:
         app.include_router(router)
     _refuse_other_methods(app, [*app.routes, *(r for router in routers for r in router.routes)])

@@ -94,7 +94,7 @@ class RealtimeConnection:
     def open(self) -> None:
         s = self.service.settings
         self.session = self.service.open_session(self.id, self.on_event, vad_config=self.config.vad_config(
-            s.vad_config()), speakers=False)  # OpenAI's Realtime events have no speaker
+            s.vad_config()), speakers=False, source="realtime")  # OpenAI's Realtime events have no speaker
         self._apply_options()
 
     def _apply_options(self) -> None:

@@ -1,0 +1,278 @@
+"""The history (realtime/store): transcripts that outlive the process.
+
+- `kill -9` of the app under four live WebRTC clients of real speech, mid-sentence, then a restart on the same data
+  directory: every final any client received is in the history, the sessions are marked interrupted, and the
+  clients' old transcript tokens still open their transcripts.
+- Two instances on one real PostgreSQL server: a session streamed to one is listed, searched and read on the other.
+- The store itself on SQLite and PostgreSQL (fast tier): search, a writer killed with `kill -9` found gone while a
+  running one is not, and a database that goes away: finals still delivered, the error reported, everything written
+  once it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from live_peer import SETTLE_S, Peer
+
+from realtime.audio import decode_file
+from realtime.bench.corpus import compilation
+from realtime.engines.types import Word
+from realtime.live.events import FinalEvent, PartialEvent
+from realtime.live.transcript import Entry
+from realtime.store import Recorder, SessionInfo, Store
+
+from conftest import launch, stop
+from postgres import Postgres, binaries
+from real_speech import live_clips
+
+KEY = "history-test-key"
+needs_postgres = pytest.mark.skipif(binaries() is None, reason="PostgreSQL is not installed")
+
+
+def _finals(peer: Peer) -> dict[int, str]:
+    return {e["segment"]: e["text"] for e in peer.events if e["type"] == "final"}
+
+
+def _mid_sentence(peers: list[Peer]) -> bool:
+    """Every client has two finals, and one is hearing a sentence that has none yet (a partial after its finals)."""
+    if not all(len(_finals(p)) >= 2 for p in peers):
+        return False
+    return any(any(e["type"] == "partial" and e["segment"] > max(_finals(p)) for e in p.events) for p in peers)
+
+
+def test_kill_9_mid_sentence_keeps_every_final_the_clients_received(tmp_path, record_property):
+    seed = random.randrange(1_000_000)
+    record_property("random seeds", f"clips {seed}")
+    pool = live_clips()
+    rng = random.Random(seed)
+    recordings = [compilation(rng.sample(pool, 4), tmp_path / f"client{i}.wav") for i in range(4)]
+    data = tmp_path / "data"
+    app = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data))
+    try:
+        async def stream() -> list[Peer]:
+            peers = [Peer(app.url, decode_file(r.path)) for r in recordings]
+            for peer in peers:
+                await peer.__aenter__()
+            deadline = time.monotonic() + SETTLE_S
+            while not _mid_sentence(peers):
+                assert time.monotonic() < deadline, [p.summary() for p in peers]
+                assert not any(p.track.done.is_set() for p in peers), "a recording ended before the kill"
+                await asyncio.sleep(0.02)
+            app.proc.send_signal(signal.SIGKILL)
+            app.proc.wait(30)
+            for peer in peers:
+                await peer.__aexit__(None, None, None)
+            return peers
+
+        peers = asyncio.run(stream())
+    finally:
+        stop(app)
+    received = {p.webrtc_id: (_finals(p), p.token) for p in peers}
+    assert all(token for _, token in received.values())
+
+    again = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data))
+    try:
+        listed = httpx.get(f"{again.url}/v1/transcripts", headers={"Authorization": f"Bearer {KEY}"}).json()
+        states = {s["id"]: s["state"] for s in listed["data"]}
+        assert states == dict.fromkeys(received, "interrupted"), states
+        for sid, (finals, token) in received.items():
+            r = httpx.get(f"{again.url}/transcript/{sid}.json", params={"token": token})
+            assert r.status_code == 200, r.text
+            kept = {s["id"]: s["text"] for s in r.json()["segments"]}
+            assert {seg: kept.get(seg) for seg in finals} == finals, f"seed {seed}: {sid} lost finals"
+            r = httpx.get(f"{again.url}/v1/transcripts/{sid}", params={"token": token})
+            assert r.status_code == 200 and r.json()["state"] == "interrupted", r.text
+            assert httpx.get(f"{again.url}/v1/transcripts/{sid}", params={"token": "0" * 32}).status_code == 401
+    finally:
+        stop(again)
+
+
+@needs_postgres
+@pytest.mark.xdist_group("history-postgres")
+def test_two_instances_on_one_postgresql_share_the_history(tmp_path):
+    pg = Postgres(tmp_path / "pg")
+    try:
+        one = launch(tmp_path, "--database-url", pg.url, "--api-key", KEY)
+        other = launch(tmp_path, "--database-url", pg.url, "--api-key", KEY)
+        try:
+            clip = live_clips()[0]
+            auth = {"Authorization": f"Bearer {KEY}"}
+
+            async def stream() -> tuple[Peer, list[dict]]:
+                async with Peer(one.url, decode_file(clip.path)) as peer:
+                    await peer.finished(1)
+                    live = httpx.get(f"{other.url}/v1/transcripts", headers=auth).json()["data"]
+                return peer, live
+
+            peer, live = asyncio.run(stream())
+            assert [(s["id"], s["state"]) for s in live] == [(peer.webrtc_id, "live")], live
+            text = " ".join(_finals(peer).values())
+            word = max(text.split(), key=len).strip(".,?!")
+            deadline = time.monotonic() + 30
+            while True:  # the other instance sees it end once the first has noticed the hang-up
+                found = httpx.get(f"{other.url}/v1/transcripts", params={"q": word}, headers=auth).json()["data"]
+                if (found and found[0]["state"] == "ended") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert [(s["id"], s["state"]) for s in found] == [(peer.webrtc_id, "ended")], found
+            assert httpx.get(f"{other.url}/v1/transcripts", params={"q": "zebra"}, headers=auth).json()["data"] == []
+            r = httpx.get(f"{other.url}/v1/transcripts/{peer.webrtc_id}", params={"token": peer.token})
+            assert r.status_code == 200 and r.json()["text"] == text, r.text
+            srt = httpx.get(f"{other.url}/transcript/{peer.webrtc_id}.srt", params={"token": peer.token})
+            assert srt.status_code == 200 and word in srt.text
+            r = httpx.patch(f"{other.url}/v1/transcripts/{peer.webrtc_id}", json={"title": "  Standup  "},
+                            params={"token": peer.token})
+            assert r.status_code == 200 and r.json()["title"] == "Standup", r.text
+            r = httpx.delete(f"{one.url}/v1/transcripts/{peer.webrtc_id}", headers=auth)
+            assert r.status_code == 200 and r.json()["deleted"] is True
+            assert httpx.get(f"{other.url}/v1/transcripts/{peer.webrtc_id}", headers=auth).status_code == 404
+        finally:
+            stop(one)
+            stop(other)
+    finally:
+        pg.close()
+
+
+# -- the store itself (fast tier)
+
+def _entry(segment: int, text: str, speaker: str | None = None) -> Entry:
+    words = tuple(Word(segment + i * 0.3, segment + i * 0.3 + 0.25, f" {w}") for i, w in enumerate(text.split()))
+    return Entry(segment, float(segment), segment + 1.0, text, words=words, speaker=speaker)
+
+
+def _hold_a_session(url: str, ready: object) -> None:
+    store = Store(url)
+    store.begin(SessionInfo("held", "webrtc", "embedded", "tiny.en"))
+    store.put("held", 0, [_entry(0, "a sentence before the crash")])
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(600)
+
+
+def _databases(tmp_path: Path) -> list[tuple[str, Postgres | None]]:
+    out: list[tuple[str, Postgres | None]] = [(f"sqlite:///{tmp_path / 'history.sqlite3'}", None)]
+    if binaries() is not None:
+        pg = Postgres(tmp_path / "pg")
+        out.append((pg.url, pg))
+    return out
+
+
+def _exercise(url: str) -> None:
+    store = Store(url)
+    store.begin(SessionInfo("s1", "webrtc", "embedded", "tiny.en"))
+    store.put("s1", 0, [_entry(0, "the quick brown fox")])
+    store.put("s1", 0, [_entry(0, "the quick brown fox", "A"), _entry(0, "jumps over", "B")])
+    store.put("s1", 1, [_entry(1, "a lazy dog", "A")])
+    stored, entries = store.session("s1") or (None, ())
+    assert [(e.text, e.speaker) for e in entries] == [("the quick brown fox", "A"), ("jumps over", "B"),
+                                                      ("a lazy dog", "A")]
+    assert entries[0].words[1].word == " quick" and stored and stored.speakers == ("A", "B")
+    assert [s.id for s in store.sessions("LAZY fox")] == ["s1"]
+    assert store.sessions("cat fox") == store.sessions("fox cat") == [] and store.sessions('fox" OR "cat') == []
+    assert store.rename_speaker("s1", "B", "Bea") and store.session("s1")[1][1].speaker == "Bea"  # type: ignore[index]
+
+    # a session's final reaches its client once it is in the database, not before
+    recorder = Recorder(Store(url))
+    seen: list[tuple[str, ...]] = []
+    transcript = {5: [_entry(5, "written before it is told")]}
+
+    def told(event: object) -> None:
+        stored = store.session("s2")
+        seen.append(tuple(e.text for e in stored[1]) if stored else ())
+
+    async def tell() -> None:
+        deliver = recorder.track("s2", "webrtc", told,
+                                 lambda seg: transcript[seg])
+        deliver(FinalEvent(5, 5.0, 6.0, "written before it is told", 0.1))
+        while not seen:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(tell())
+    assert seen == [("written before it is told",)]
+    recorder.end("s2")
+    recorder.close()
+
+    ready = multiprocessing.get_context("spawn").Event()
+    writer = multiprocessing.get_context("spawn").Process(target=_hold_a_session, args=(url, ready))
+    writer.start()
+    assert ready.wait(60)
+    assert store.recover() == 0  # it runs: its session is live
+    os.kill(writer.pid or 0, signal.SIGKILL)
+    writer.join(30)
+    deadline = time.monotonic() + 30  # PostgreSQL ends the dead client's backend (and its lock) a moment later
+    while not (interrupted := store.recover()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert interrupted == 1
+    held = store.session("held")
+    assert held and held[0].state == "interrupted" and held[1][0].text == "a sentence before the crash"
+    other = Store(url)
+    assert store.secret() == other.secret()
+    other.close()
+    assert store.purge(time.time() + 1) == 2  # --keep-days: the ended and the interrupted, not the live one
+    assert [s.id for s in store.sessions()] == ["s1"]
+    store.close()
+
+
+@pytest.mark.fast
+def test_the_store_searches_and_finds_a_killed_writer_gone_but_not_a_running_one(tmp_path):
+    """On SQLite and PostgreSQL: entries replaced by segment, words and speakers kept, full-text search by every word
+    typed (operators taken as words), a writer process killed with `kill -9` mid-session found gone by the next
+    (its session interrupted) while one that runs is not, and the tokens' secret shared."""
+    for url, pg in _databases(tmp_path):
+        try:
+            _exercise(url)
+        finally:
+            if pg is not None:
+                pg.close()
+
+
+@needs_postgres
+@pytest.mark.fast
+def test_a_database_that_goes_away_delays_nothing_and_loses_nothing(tmp_path):
+    """PostgreSQL stopped under a live session's recorder: its finals still reach the client (after the wait), the
+    recorder reports the error and how many writes wait; the server back, they are all written and the error gone."""
+    pg = Postgres(tmp_path / "pg")
+    try:
+        store = Store(pg.url)
+        recorder = Recorder(store, retry_s=0.2, wait_s=0.3)
+        transcript: dict[int, list[Entry]] = {}
+        got: list[object] = []
+
+        async def run() -> None:
+            deliver = recorder.track("s", "realtime", got.append,
+                                     lambda seg: transcript.get(seg, []))
+            for seg in range(3):
+                if seg == 1:
+                    await asyncio.to_thread(pg.stop, "immediate")
+                transcript[seg] = [_entry(seg, f"sentence number {seg}")]
+                deliver(PartialEvent(seg, seg, seg + 0.5, "", "sentence"))
+                deliver(FinalEvent(seg, seg, seg + 1.0, f"sentence number {seg}", 0.1))
+            deadline = time.monotonic() + 30
+            while len(got) < 6:
+                assert time.monotonic() < deadline, got
+                await asyncio.sleep(0.05)
+
+        asyncio.run(run())
+        assert [type(e).__name__ for e in got] == ["PartialEvent", "FinalEvent"] * 3
+        assert recorder.error and recorder.behind >= 2, recorder.describe()
+        pg.start()
+        deadline = time.monotonic() + 60
+        while recorder.behind or recorder.error:
+            assert time.monotonic() < deadline, recorder.describe()
+            time.sleep(0.1)
+        stored = store.session("s")
+        assert stored and [e.text for e in stored[1]] == [f"sentence number {seg}" for seg in range(3)]
+        recorder.close()
+        store.close()
+    finally:
+        pg.close()
+    assert json.dumps(recorder.describe())
