@@ -8,9 +8,9 @@ are compared before and after.
 
 - `keyed_app`: `--api-key` and `--concurrency-limit 3` (group test_realtime_api): the Realtime API's tests, the
   page's concurrency limit, transcripts that need the key.
-- `limited_app`: `--max-new-connections-per-minute 2 --max-connections-per-client 5 --session-time-limit 2` (group
-  test_signalling): the page's per-client caps (offers that never connect, so no session the time limit could end)
-  and the time limit ending a Realtime API session.
+- `limited_app`: `--max-new-connections-per-minute 2 --max-connections-per-client 5 --session-time-limit 2
+  --no-history` (group test_signalling): the page's per-client caps (offers that never connect, so no session the
+  time limit could end), the time limit ending a Realtime API session, and an app that keeps no history.
 - `remote_app`: `--engine remote` on a misbehaving endpoint (tests/endpoints.py) with short timeouts (group
   test_faults): the remote faults of live sessions, API requests and Realtime API items.
 
@@ -44,7 +44,7 @@ def keyed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
 @pytest.fixture(scope="session")
 def limited_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     a = launch(tmp_path_factory.mktemp("limited-app"), "--max-new-connections-per-minute", str(PER_MINUTE),
-               "--max-connections-per-client", "5", "--session-time-limit", str(TIME_LIMIT_S))
+               "--max-connections-per-client", "5", "--session-time-limit", str(TIME_LIMIT_S), "--no-history")
     yield a
     stop(a)
 

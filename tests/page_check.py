@@ -12,7 +12,9 @@ The default app (`python app.py --ice-loopback`, conftest.launch) and one browse
 - `phone`: a phone-sized viewport, both tabs: does anything overflow sideways;
 - `synth`: a browser of its own whose microphone plays `--synth` once (tests/browser_check.py `transcribe`): the
   final lines, the ICE pairs, the requests, a screenshot;
-- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps.
+- `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps;
+- `history`: the app started again on the same data folder, twice: its History tab (search, open, retitle,
+  download, delete), and what the second restart still shows.
 The live scenario also records the language picker of the default (English-only) model. Beside them, in a thread
 of their own, each with its own browser, two more apps, launched at the start and used one after the other:
 - `language` (with `--language-mic`): an app on the multilingual base model (`--model base`) and a browser whose
@@ -293,6 +295,77 @@ def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     return r
 
 
+HISTORY = """() => ({ choices: [...document.querySelectorAll("#rt-history-list label")].map((l) => l.innerText.trim()),
+  label: document.querySelector("#rt-history-list .block-title, #rt-history-list [data-testid=block-info]")
+    ?.innerText.trim() ?? "",
+  opened: document.querySelector("#rt-history-session")?.offsetParent != null,
+  title: document.querySelector("#rt-history-title textarea, #rt-history-title input")?.value ?? null })"""
+
+
+def history_tab(page: Page, word: str, shots: Path | None) -> dict[str, Any]:
+    """The History tab: listed when selected; searched for `word`; the newest match opened (its lines and srt)."""
+    r: dict[str, Any] = {}
+    page.get_by_role("tab", name="History").click()
+    shows(page, "() => document.querySelectorAll('#rt-history-list label').length > 0", 30)
+    r["listed"] = page.evaluate(HISTORY)
+    box = page.locator("#rt-history-search textarea, #rt-history-search input").first
+    box.fill(word)
+    box.press("Enter")
+    shows(page, "(w) => (document.querySelector('#rt-history-list')?.innerText ?? '').includes(w)", 30, word)
+    r["searched"] = page.evaluate(HISTORY)
+    page.locator("#rt-history-list label").first.click()
+    shows(page, "() => document.querySelectorAll('#rt-history-downloads .rt-downloads a').length >= 4", 30)
+    r["lines"] = page.evaluate(LINES, "#rt-history-text")
+    links = page.evaluate(LINKS, "#rt-history-downloads")
+    r["srt"] = base64.b64decode(links["srt"].split(",", 1)[1]).decode() if links.get("srt", "").startswith(
+        "data:") else None
+    r["opened"] = page.evaluate(HISTORY)
+    if shots is not None:
+        page.screenshot(path=str(shots / "page-history.png"))
+    return r
+
+
+def history(p: Playwright, out: Path, word: str, shots: Path) -> dict[str, Any]:
+    """After the default app was killed (`drop`): the app started again on the same data folder, its History tab
+    (its sessions from before the kill, the one killed interrupted): a word searched, the match opened, retitled,
+    its srt downloaded; another session deleted. Then a second restart: the title and the deletion stayed, and
+    the search, the opening and the download work again."""
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=FLAGS)
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    r: dict[str, Any] = {"word": word}
+    for round_ in ("restarted", "again"):
+        app = launch(out)
+        try:
+            page = context.new_page()
+            page.goto(app.url, wait_until="load")
+            seen = history_tab(page, word, shots if round_ == "restarted" else None)
+            if round_ == "restarted":
+                title = page.locator("#rt-history-title textarea, #rt-history-title input").first
+                title.fill("Weekly standup")
+                page.locator("#rt-history-rename").click()
+                shows(page, "() => document.querySelector('#rt-history-list')?.innerText.includes('Weekly standup')",
+                      30)
+                seen["retitled"] = page.evaluate(HISTORY)
+                box = page.locator("#rt-history-search textarea, #rt-history-search input").first
+                box.fill("")
+                box.press("Enter")
+                shows(page, "(n) => document.querySelectorAll('#rt-history-list label').length > n", 30,
+                      len(seen["searched"]["choices"]))
+                page.locator("#rt-history-list label").last.click()
+                shows(page, "() => document.querySelector('#rt-history-session')?.offsetParent != null", 30)
+                seen["deleting"] = page.evaluate(HISTORY)["choices"][-1]
+                page.locator("#rt-history-delete").click()
+                shows(page, "(gone) => ![...document.querySelectorAll('#rt-history-list label')].some("
+                      "(l) => l.innerText.trim() === gone)", 30, seen["deleting"])
+                seen["deleted"] = page.evaluate(HISTORY)
+            page.close()
+            r[round_] = seen
+        finally:
+            stop(app)
+    browser.close()
+    return r
+
+
 def english(lines: list[str]) -> bool:
     """Whether the last line has at least two of English's commonest short words (a wait condition only)."""
     words = set(" ".join(lines[-1:]).lower().replace(",", " ").replace(".", " ").split())
@@ -514,9 +587,13 @@ def main() -> None:
                     ("file", lambda: file_tab(browser, app, a.upload, results["requests"], a.shots)),
                     ("phone", lambda: phone(browser, app, results["requests"], a.artifacts)),
                     ("synth", lambda: transcribe(p, app.url, a.synth, a.synth_shot, a.synth_expect, TIMEOUT_S)),
-                    ("drop", lambda: drop(context, app, a.artifacts)),  # last: it kills the app
+                    ("drop", lambda: drop(context, app, a.artifacts)),  # it kills the app
                 ], results, a.only)
                 browser.close()
+                # the app killed, started again on its data folder: the History tab, a word of the live view searched
+                said = " ".join(results.get("live", {}).get("finals") or results.get("drop", {}).get("before") or [])
+                word = max(("".join(c for c in w if c.isalpha()) for w in said.split()), key=len, default="")
+                run_all([("history", lambda: history(p, a.out.parent, word, a.shots))], results, a.only)
         finally:
             stop(app)
             results["app_log"] = app.log.read_text()[-6000:]

@@ -3,7 +3,8 @@
 - `kill -9` of the app under four live WebRTC clients of real speech, mid-sentence, then a restart on the same data
   directory: every final any client received is in the history, the sessions are marked interrupted, and the
   clients' old transcript tokens still open their transcripts.
-- Two instances on one real PostgreSQL server: a session streamed to one is listed, searched and read on the other.
+- Two instances on one real PostgreSQL server: a session streamed to one is listed, searched and read on the other,
+  and so is an API transcription kept with `store=true`.
 - The store itself on SQLite and PostgreSQL (fast tier): search, a writer killed with `kill -9` found gone while a
   running one is not, and a database that goes away: finals still delivered, the error reported, everything written
   once it is back.
@@ -133,6 +134,13 @@ def test_two_instances_on_one_postgresql_share_the_history(tmp_path):
             r = httpx.patch(f"{other.url}/v1/transcripts/{peer.webrtc_id}", json={"title": "  Standup  "},
                             params={"token": peer.token})
             assert r.status_code == 200 and r.json()["title"] == "Standup", r.text
+            # an API transcription kept on request (store=true), read on the other instance
+            with clip.path.open("rb") as f:
+                posted = httpx.post(f"{one.url}/v1/audio/transcriptions", headers=auth, timeout=120,
+                                    files={"file": (clip.path.name, f)}, data={"store": "true"})
+            assert posted.status_code == 200 and posted.headers.get("x-transcript-id"), posted.text
+            kept = httpx.get(f"{other.url}/v1/transcripts/{posted.headers['x-transcript-id']}", headers=auth).json()
+            assert (kept["source"], kept["state"], kept["text"]) == ("api", "ended", posted.json()["text"]), kept
             r = httpx.delete(f"{one.url}/v1/transcripts/{peer.webrtc_id}", headers=auth)
             assert r.status_code == 200 and r.json()["deleted"] is True
             assert httpx.get(f"{other.url}/v1/transcripts/{peer.webrtc_id}", headers=auth).status_code == 404

@@ -1,5 +1,5 @@
 """The page in headless Chromium: live view, captions view, file tab, phone viewport, a dropped connection, the
-language picker and translation, speaker labels.
+history tab after restarts, the language picker and translation, speaker labels.
 
 tests/page_check.py drives launched apps inside a network namespace that has only `lo`: the default app, with a
 browser whose fake microphone loops real recordings from tests/data and whose file tab is given a real recording;
@@ -262,6 +262,34 @@ def test_dropped_connection_is_reported_and_transcript_kept(run: tuple[Compilati
     assert drop["before"], drop
     assert "connection to the server dropped" in drop["notice"], drop
     assert drop["after"][:len(drop["before"])] == drop["before"], drop
+
+
+def test_history_tab_after_a_kill_and_restarts(run: tuple[Compilation, str, dict[str, Any]]) -> None:
+    """The default app killed (`drop`) and started again on its data folder: the History tab lists the sessions of
+    before the kill (the killed one interrupted, the File tab's upload under its name), finds the live view's longest
+    word, opens the match with its timed lines and its srt, retitles it and deletes another session; after a second
+    restart the title and the deletion have stayed and the search, the opening and the download work again (issue
+    40)."""
+    r = run[2]
+    h = _scenario(r, "history")
+    live = _scenario(r, "live")
+    first, again = h["restarted"], h["again"]
+    assert len(first["listed"]["choices"]) >= 3, first["listed"]
+    assert any(c.endswith("interrupted") for c in first["listed"]["choices"]), first["listed"]
+    assert any(UPLOAD in c for c in first["listed"]["choices"]), "the File tab's upload is kept under its name"
+    for seen in (first, again):
+        assert seen["searched"]["choices"] and set(seen["searched"]["choices"]) <= set(seen["listed"]["choices"]), seen
+        shown = [line["final"] for line in seen["lines"] if line["final"]]
+        assert shown and all(TIME.match(line["time"]) for line in seen["lines"] if line["final"]), seen["lines"]
+        assert seen["srt"] and all(text in seen["srt"] for text in shown), seen["srt"]
+        assert h["word"].lower() in seen["srt"].lower(), (h["word"], seen["srt"])
+    assert any(f in first["lines"][i]["final"] or first["lines"][i]["final"] in f for f in live["finals"]
+               for i in range(len(first["lines"]))), (first["lines"], live["finals"])
+    assert "Weekly standup" in first["retitled"]["choices"][0] and first["retitled"]["title"] == "Weekly standup"
+    assert first["deleting"] not in first["deleted"]["choices"]
+    assert "Weekly standup" in again["searched"]["choices"][0], again["searched"]
+    assert first["deleting"] not in again["listed"]["choices"], again["listed"]
+    assert len(again["listed"]["choices"]) == len(first["listed"]["choices"]) - 1, (again, first)
 
 
 def test_page_requests_stay_on_its_own_server(run: tuple[Compilation, str, dict[str, Any]]) -> None:

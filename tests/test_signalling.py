@@ -150,3 +150,27 @@ def test_the_limiter_forgets_clients_that_left():
     limiter.admit("192.0.2.2", "d", live=(), now=61.5)
     assert set(limiter._recent) == {"192.0.2.1", "192.0.2.2"}
     limiter.admit("192.0.2.1", "e", live=(), now=62.5)  # its first connection of the last minute has aged out
+
+
+@pytest.mark.xdist_group("test_signalling")
+def test_an_app_without_history_says_so_and_keeps_nothing(limited_app):
+    """`--no-history`: the history's routes answer 404 history_off, `store=true` is refused before the upload is
+    transcribed, /health says none, and nothing is written to the data folder."""
+    r = httpx.get(f"{limited_app.url}/v1/transcripts")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "history_off", r.text
+    r = httpx.post(f"{limited_app.url}/v1/audio/transcriptions", files={"file": ("a.wav", _silence_wav())},
+                   data={"store": "true"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "history_off", r.text
+    assert limited_app.health()["history"] is None
+    data = limited_app.log.parent / "data"
+    assert not data.exists() or not any(data.iterdir()), list(data.iterdir())
+
+
+def _silence_wav() -> bytes:
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(SAMPLE_RATE, np.float32), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    return buf.getvalue()

@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
                                                   "comma-separated (tiny.en, base); empty for none")
     q.add_argument("--out", default="bench-out")
     from .gpu import add_parser as add_gpu_parser
+    from .history import add_parser as add_history_parser
     from .peers import add_parser as add_peers_parser
     from .pool import add_parser as add_pool_parser
     from .speakers import add_parser as add_speakers_parser
@@ -87,6 +88,7 @@ def main(argv: list[str]) -> int:
     add_pool_parser(sub)
     add_gpu_parser(sub)
     add_speakers_parser(sub)
+    add_history_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -119,6 +121,10 @@ def main(argv: list[str]) -> int:
         from .speakers import bench_speakers
 
         bench_speakers(args)
+    elif args.kind == "history":
+        from .history import bench_history
+
+        bench_history(args)
     elif args.kind == "soak":
         doc = bench_soak(args)
         return 0 if doc["summary"]["verdict"]["nothing_lost"] else 1

@@ -63,6 +63,10 @@ class History(Protocol):
     def recover(self) -> int:
         """Mark the sessions of processes that ended without closing them as interrupted; how many."""
 
+    def save(self, source: str, entries: list[Entry], duration: float, language: str | None = None,
+             title: str | None = None) -> str:
+        """Keep a finished transcription (a file, an API request) as an ended session; its id."""
+
     def close(self) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...

@@ -85,6 +85,12 @@ def _words(entry: Entry) -> str | None:
     return json.dumps([[w.word, round(w.start, 3), round(w.end, 3)] for w in entry.words], ensure_ascii=False)
 
 
+def _row(session_id: str, segment: int, part: int, e: Entry) -> dict[str, Any]:
+    return {"session_id": session_id, "segment": segment, "part": part, "start_s": e.start, "end_s": e.end,
+            "text": e.text, "kind": e.kind, "language": e.language, "speaker": e.speaker, "latency": e.latency,
+            "words": _words(e)}
+
+
 def _entry(row: Any) -> Entry:
     words = tuple(Word(start, end, word) for word, start, end in json.loads(row.words)) if row.words else ()
     return Entry(row.segment, row.start_s, row.end_s, row.text, kind=row.kind, latency=row.latency,
@@ -178,10 +184,17 @@ class Store:
         with self.engine.begin() as c:
             c.execute(t.delete().where(t.c.session_id == session_id, t.c.segment == segment))
             if entries:
-                c.execute(t.insert(), [
-                    {"session_id": session_id, "segment": segment, "part": i, "start_s": e.start, "end_s": e.end,
-                     "text": e.text, "kind": e.kind, "language": e.language, "speaker": e.speaker,
-                     "latency": e.latency, "words": _words(e)} for i, e in enumerate(entries)])
+                c.execute(t.insert(), [_row(session_id, segment, i, e) for i, e in enumerate(entries)])
+
+    def save(self, info: SessionInfo, entries: Sequence[Entry], duration: float, title: str | None = None) -> None:
+        """A finished transcription as an ended session, in one transaction."""
+        with self.engine.begin() as c:
+            c.execute(schema.sessions.insert().values(
+                id=info.id, title=title, source=info.source, state="ended", instance=self.instance,
+                started_at=info.started_at, ended_at=info.started_at + duration, engine=info.engine,
+                model=info.model, language=info.language))
+            if entries:
+                c.execute(schema.entries.insert(), [_row(info.id, e.segment, i, e) for i, e in enumerate(entries)])
 
     def clear(self, session_id: str) -> None:
         with self.engine.begin() as c:
@@ -222,9 +235,12 @@ class Store:
         return done.rowcount > 0
 
     def delete(self, session_id: str) -> bool:
+        """Delete a session that is not live (still written to), with its transcript; whether one was."""
+        s = schema.sessions
         with self.engine.begin() as c:
-            c.execute(schema.entries.delete().where(schema.entries.c.session_id == session_id))
-            done = c.execute(schema.sessions.delete().where(schema.sessions.c.id == session_id))
+            ended = sa.select(s.c.id).where(s.c.id == session_id, s.c.state != "live")
+            c.execute(schema.entries.delete().where(schema.entries.c.session_id.in_(ended)))
+            done = c.execute(s.delete().where(s.c.id == session_id, s.c.state != "live"))
         return done.rowcount > 0
 
     def purge(self, before: float) -> int:

@@ -13,10 +13,13 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import sqlalchemy as sa
 
 from ..live.events import ErrorEvent, Event, FinalEvent, SpeakerEvent
 from ..live.transcript import Entry
@@ -61,6 +64,8 @@ class Recorder:
             key, write = next(iter(self._backlog.items()))
             try:
                 write()
+            except sa.exc.IntegrityError as exc:  # its session was deleted meanwhile (by its user): nothing to keep
+                log.warning("a history write of a deleted session dropped: %s", exc)
             except Exception as exc:  # the database's errors, a full disk: kept, retried, reported
                 if self.error is None:
                     log.error("the history cannot be written (%d waiting): %s", len(self._backlog), exc)
@@ -112,6 +117,13 @@ class Recorder:
 
     def recover(self) -> int:
         return self.store.recover()
+
+    def save(self, source: str, entries: list[Entry], duration: float, language: str | None = None,
+             title: str | None = None) -> str:
+        session_id = f"{source}_{uuid.uuid4().hex[:16]}"
+        info = SessionInfo(session_id, source, self.engine, self.model, language or self.language)
+        self.store.save(info, entries, duration, title)
+        return session_id
 
     def close(self, timeout: float = 10.0) -> None:
         """Make what is queued (one more try for what failed), then stop, and close the store."""

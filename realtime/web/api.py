@@ -11,7 +11,8 @@ This module owns the HTTP transcription routes served next to the page (same pro
   declare word timestamps), `max_line_chars` (srt/vtt cues cut at word times to at most that many characters;
   our extension), `stream` (`true`: Server-Sent Events `transcript.text.delta` / `transcript.text.done`, as
   OpenAI sends them) and `include[]` (`logprobs`: json and its stream's events carry each token's log
-  probability, on engines that declare them). `verbose_json` gives each segment the language detected in it
+  probability, on engines that declare them), `store` (`true`: the transcript is kept in the history, its id in
+  the `X-Transcript-Id` header; our extension). `verbose_json` gives each segment the language detected in it
   (`language`); a language the model does not speak (any but English on an English-only model) is refused.
   `diarized_json` (OpenAI's `TranscriptionDiarized`) labels who spoke each segment, with `known_speaker_names[]`
   and `known_speaker_references[]` (short clips as data URLs) naming them; `diarize=true` (our extension) puts
@@ -120,6 +121,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                            "word_timestamps_unsupported")
         if params.logprobs and (why := unsupported_logprobs(engine)):
             raise APIError(400, f"{why}; leave out include[]=logprobs", "logprobs_unsupported")
+        if params.store and service.history is None:
+            raise APIError(400, "this server keeps no history (started with --no-history, or on a Space without "
+                                "persistent storage); leave out store=true", "history_off")
 
     async def limited(request: Request) -> AsyncIterator[bytes]:
         seen = 0
@@ -252,9 +256,27 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             if not params.words:
                 entries = [dataclasses.replace(e, words=()) for e in entries]
         text = " ".join(e.text for e in entries)
-        usage = {"type": "duration", "seconds": round(segments.duration, 3)}
+        if params.store:
+            response = answer(params, task, entries, decoded, words, text, language, segments.duration, options)
+            response.headers["X-Transcript-Id"] = await keep(entries, segments.duration, language)
+            return response
+        return answer(params, task, entries, decoded, words, text, language, segments.duration, options)
+
+    async def keep(entries: list[Entry], duration: float, language: str | None) -> str:
+        history = service.history
+        assert history is not None  # checked before the upload was read
+        try:
+            return await asyncio.to_thread(history.save, "api", entries, duration, language)
+        except Exception as exc:
+            raise APIError(503, f"the transcript could not be kept: {exc}", "history_unavailable",
+                           kind="server_error") from None
+
+    def answer(params: Params, task: str, entries: list[Entry], decoded: dict[int, Transcription],
+               words: list[dict[str, Any]], text: str, language: str | None, duration: float,
+               options: TranscribeOptions) -> Response:
+        usage = {"type": "duration", "seconds": round(duration, 3)}
         if params.response_format == "diarized_json":
-            return JSONResponse({"task": "transcribe", "duration": round(segments.duration, 3), "text": text,
+            return JSONResponse({"task": "transcribe", "duration": round(duration, 3), "text": text,
                                  "segments": labels.diarized_segments(entries), "usage": usage})
         if params.response_format == "json":
             return JSONResponse({"text": text, **({"logprobs": tokens(entries)} if options.logprobs else {}),
@@ -272,7 +294,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             "no_speech_prob": r.no_speech_prob if r.no_speech_prob is not None else 0.0,
             "language": r.language or options.language or "en", **({"speaker": e.speaker} if e.speaker else {}),
         } for i, e in enumerate(entries)]
-        return JSONResponse({"task": task, "language": language or "en", "duration": round(segments.duration, 3),
+        return JSONResponse({"task": task, "language": language or "en", "duration": round(duration, 3),
                              "text": text, "segments": verbose, **({"words": words} if params.words else {}),
                              "usage": usage})
 

@@ -95,6 +95,8 @@ class Params:
     """(name, reference clip as a data URL) from `known_speaker_names[]` and `known_speaker_references[]`."""
     logprobs: bool = False
     """`include[]` has `logprobs`: json (and its stream's events) carry each token's log probability."""
+    store: bool = False
+    """`store=true`: the transcript is kept in the history (its id in the `X-Transcript-Id` header)."""
 
 
 def unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
@@ -177,6 +179,12 @@ def parse_params(fields: dict[str, str], lists: dict[str, list[str]] | None = No
     stream = raw_stream in ("true", "1")
     if stream and fmt_ not in ("json", "text"):
         raise APIError(422, "stream=true works with response_format json or text", "invalid_stream")
+    raw_store = (fields.get("store") or "false").strip().lower()
+    if raw_store not in ("true", "false", "1", "0"):
+        raise APIError(422, f"store must be true or false (got {raw_store!r})", "invalid_store")
+    store = raw_store in ("true", "1")
+    if store and stream:
+        raise APIError(422, "store=true needs the whole answer at once; leave out stream=true", "invalid_store")
     language = (fields.get("language") or "").strip().lower() or None
     if language is not None and not _LANGUAGE.match(language):
         raise APIError(422, f"language must be an ISO-639-1 code such as 'en' (got {language!r})",
@@ -218,7 +226,7 @@ def parse_params(fields: dict[str, str], lists: dict[str, list[str]] | None = No
         raise APIError(422, "include[]=logprobs needs response_format=json", "invalid_include")
     return Params(fmt_, stream, language, prompt, temperature, model,
                   words="word" in granularities or max_line is not None, max_line_chars=max_line,
-                  diarize=diarize, known_speakers=known, logprobs="logprobs" in include)
+                  diarize=diarize, known_speakers=known, logprobs="logprobs" in include, store=store)
 
 
 def check_audio(path: Path, declared: str) -> None:

@@ -122,9 +122,10 @@ def create_history_router(service: TranscriptionService, history: Store | None) 
         async def run() -> Response:
             check_session(request, session_id)
             history = store()
-            if session_id in service.sessions:
-                raise APIError(409, f"session {session_id} is live; delete it once it has ended", "session_live")
             if not await asyncio.to_thread(history.delete, session_id):
+                found = await asyncio.to_thread(history.session, session_id)
+                if found is not None and found[0].state == "live":
+                    raise APIError(409, f"session {session_id} is live; delete it once it has ended", "session_live")
                 raise unknown(session_id)
             service.closed.pop(session_id, None)
             return JSONResponse({"id": session_id, "object": "transcript.deleted", "deleted": True})

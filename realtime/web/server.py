@@ -47,6 +47,7 @@ from .access import allowed, session_token, use_secret
 from .api import create_router
 from .api_fields import APIError, line_chars
 from .history import create_history_router
+from .history_tab import build_history_tab
 from .ice import use_loopback_only
 from .limits import SessionLimits
 from .metrics import Metrics
@@ -151,7 +152,11 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         use_secret(store.secret())
     turn = Turn(settings)
     transcripts = PageTranscripts(service)
-    page, webrtc = build_page(service, turn, transcripts)
+    def history_tab() -> None:
+        with gr.Tab("History", id="history", elem_id="rt-tab-history") as tab:
+            build_history_tab(tab, settings, store)
+
+    page, webrtc = build_page(service, turn, transcripts, history_tab)
     limits = SessionLimits(settings, service, webrtc)
     metrics = Metrics(service)
     metrics.attach()

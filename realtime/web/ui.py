@@ -18,7 +18,7 @@ import base64
 import dataclasses
 import html
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,10 @@ def render_status(service: TranscriptionService, session_id: str | None, event: 
         parts.append(f'<span class="rt-badge">last final latency: {session.last_latency:.2f} s</span>')
     if event and event.get("type") == "error":
         parts.append(f'<span class="rt-badge rt-error">engine error: {html.escape(str(event.get("message")))}</span>')
+    kept = service.history.describe() if service.history is not None else None
+    if kept and kept.get("error"):
+        parts.append(f'<span class="rt-badge rt-error">history not saved ({kept["behind"]} writes waiting, '
+                     f'retried): {html.escape(str(kept["error"]))}</span>')
     if event and event.get("type") == "closed":
         parts.append(f'<span class="rt-badge rt-closed">{html.escape(str(event.get("message")))}</span>')
     if session_id:
@@ -270,8 +274,16 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
         entries = [dataclasses.replace(e, words=()) for e in labels.label(entries, diarization, numbered=True)]
     text = (render_file_text(entries, languages) if entries
             else '<div class="rt-empty">No speech was found in this recording.</div>')
+    kept = ""
+    if service.history is not None and entries:
+        try:
+            await asyncio.to_thread(service.history.save, "file", entries, max(covered, duration or 0),
+                                    language, Path(path).name)
+            kept = ' <span class="rt-kept">kept in the History tab</span>'
+        except Exception as exc:
+            kept = f' <span class="rt-error">not kept in the history: {html.escape(str(exc))}</span>'
     yield (render_progress(done, segments.cut, False, max(covered, duration or 0), duration), text,
-           render_downloads(entries, language))
+           render_downloads(entries, language) + kept)
 
 
 def render_notice(text: str | None) -> str:
@@ -365,7 +377,9 @@ class PageTranscripts:
 
 
 def build_page(service: TranscriptionService, turn: Turn | None = None,
-               transcripts: PageTranscripts | None = None) -> tuple[gr.Blocks, WebRTC]:
+               transcripts: PageTranscripts | None = None,
+               more_tabs: Callable[[], None] | None = None) -> tuple[gr.Blocks, WebRTC]:
+    """The page; `more_tabs` adds tabs after Live and File (inside the page's `gr.Tabs`)."""
     settings = service.settings
     transcripts = transcripts or PageTranscripts(service)
     turn = turn or Turn(settings)
@@ -427,6 +441,8 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                 file_progress = gr.HTML("", elem_id="rt-file-progress")
                 file_text = gr.HTML(render_file_text([], {}), elem_id="rt-file-text")
                 file_downloads = gr.HTML("", elem_id="rt-file-downloads")
+            if more_tabs is not None:
+                more_tabs()
         session_state = gr.State(None)
 
         audio.stream(

@@ -1,0 +1,117 @@
+"""The page's History tab: the sessions the history keeps (realtime/store), newest first, searched by the words
+said; one opened to read with its speakers and times, retitled, downloaded in the four formats, or deleted.
+
+With `--api-key` the tab asks for the key before it lists anything; without a history it says why there is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import gradio as gr
+
+from ..config import Settings
+from ..store import Store, StoredSession
+from .access import is_key
+from .ui import render_downloads, render_file_text
+
+LISTED = 50
+TITLE_CHARS = 200
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def _length(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def choice_label(s: StoredSession) -> str:
+    """One session in the list: when, how long, its title or first words, its speakers, and how it ended."""
+    parts = [_when(s.started_at), _length(s.duration), s.title or s.preview or "(no speech)"]
+    if s.speakers:
+        parts.append(", ".join(s.speakers))
+    if s.state != "ended":
+        parts.append(s.state)
+    return " · ".join(parts)
+
+
+def render_off(settings: Settings, store: Store | None) -> str:
+    """What the tab says of where sessions are kept, or why none are."""
+    if store is not None:
+        where = {"sqlite": "in this server's data folder", "postgresql": "in PostgreSQL"}.get(store.dialect, "")
+        return (f'<p class="rt-history-note">Every session is kept {where}; search the words said, open one to read '
+                "it, rename, download or delete it.</p>")
+    why = "this Space has no persistent storage" if settings.space_id else "the app was started with --no-history"
+    return (f'<p class="rt-history-note">No history: {why}. Transcripts are kept in memory until they age out; '
+            "download them from the Live tab.</p>")
+
+
+def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None) -> None:
+    """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when selected."""
+    gr.HTML(render_off(settings, store), elem_id="rt-history-note")
+    with gr.Row():
+        key = gr.Textbox(label="API key", type="password", visible=bool(settings.api_key and store is not None),
+                         elem_id="rt-history-key", scale=1)
+        query = gr.Textbox(label="Search", placeholder="words said", visible=store is not None,
+                           elem_id="rt-history-search", scale=3)
+        search = gr.Button("Search", size="sm", visible=store is not None, elem_id="rt-history-search-button",
+                           scale=1)
+    listing = gr.Radio([], label="Sessions, newest first", visible=store is not None, elem_id="rt-history-list")
+    with gr.Column(visible=False, elem_id="rt-history-session") as opened:
+        with gr.Row():
+            title = gr.Textbox(label="Title", elem_id="rt-history-title", scale=3)
+            retitle = gr.Button("Rename", size="sm", elem_id="rt-history-rename", scale=1)
+            delete = gr.Button("Delete", size="sm", variant="stop", elem_id="rt-history-delete", scale=1)
+        downloads = gr.HTML("", elem_id="rt-history-downloads")
+        text = gr.HTML("", elem_id="rt-history-text")
+    if store is None:
+        return
+
+    def allowed(given: str | None) -> bool:
+        return not settings.api_key or is_key(given or "", settings.api_key)
+
+    async def listed(given: str | None, q: str | None, keep: str | None = None) -> dict[str, Any]:
+        if not allowed(given):
+            return gr.update(choices=[], value=None, label="Sessions: enter the API key")
+        found = await asyncio.to_thread(store.sessions, q or None, LISTED)
+        choices = [(choice_label(s), s.id) for s in found]
+        label = (f"Sessions with “{q.strip()}”" if q and q.strip() else "Sessions, newest first") + \
+            ("" if found else ": none")
+        return gr.update(choices=choices, value=keep if keep in {c[1] for c in choices} else None, label=label)
+
+    async def on_list(given: str | None, q: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        return await listed(given, q), gr.update(visible=False)
+
+    async def on_open(given: str | None, session_id: str | None) -> tuple[Any, ...]:
+        found = await asyncio.to_thread(store.session, session_id) if session_id and allowed(given) else None
+        if found is None:
+            return gr.update(visible=False), "", "", ""
+        summary, entries = found
+        return (gr.update(visible=True), summary.title or "", render_downloads(list(entries), summary.language),
+                render_file_text(list(entries), {}))
+
+    async def on_retitle(given: str | None, session_id: str | None, new: str | None,
+                         q: str | None) -> dict[str, Any]:
+        if session_id and allowed(given):
+            await asyncio.to_thread(store.retitle, session_id, " ".join((new or "").split())[:TITLE_CHARS])
+        return await listed(given, q, keep=session_id)
+
+    async def on_delete(given: str | None, session_id: str | None,
+                        q: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        if session_id and allowed(given):
+            await asyncio.to_thread(store.delete, session_id)
+        return await listed(given, q), gr.update(visible=False)
+
+    for trigger in (tab.select, search.click, query.submit, key.submit):
+        trigger(on_list, inputs=[key, query], outputs=[listing, opened], queue=False)
+    listing.input(on_open, inputs=[key, listing], outputs=[opened, title, downloads, text], queue=False)
+    retitle.click(on_retitle, inputs=[key, listing, title, query], outputs=[listing], queue=False)
+    title.submit(on_retitle, inputs=[key, listing, title, query], outputs=[listing], queue=False)
+    delete.click(on_delete, inputs=[key, listing, query], outputs=[listing, opened], queue=False)
+
