@@ -325,6 +325,12 @@ def history_tab(page: Page, word: str, shots: Path | None) -> dict[str, Any]:
     return r
 
 
+def default_data(out: Path) -> dict[str, str]:
+    """The default app's data folder, its own: the other apps (launched beside it in the same folder) keep theirs
+    apart, so that its History tab shows its sessions only."""
+    return {"REALTIME_DATA_DIR": str(out.parent / "default-data")}
+
+
 def history(p: Playwright, out: Path, word: str, shots: Path) -> dict[str, Any]:
     """After the default app was killed (`drop`): the app started again on the same data folder, its History tab
     (its sessions from before the kill, the one killed interrupted): a word searched, the match opened, retitled,
@@ -334,7 +340,7 @@ def history(p: Playwright, out: Path, word: str, shots: Path) -> dict[str, Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     r: dict[str, Any] = {"word": word}
     for round_ in ("restarted", "again"):
-        app = launch(out)
+        app = launch(out.parent, env=default_data(out))
         try:
             page = context.new_page()
             page.goto(app.url, wait_until="load")
@@ -569,7 +575,7 @@ def main() -> None:
     other = threading.Thread(target=other_apps, args=(a, results))
     other.start()
     try:
-        app = launch(a.out.parent)
+        app = launch(a.out.parent, env=default_data(a.out))
         results["origin"] = app.url
         results["origins"].append(app.url)
         try:
@@ -593,7 +599,7 @@ def main() -> None:
                 # the app killed, started again on its data folder: the History tab, a word of the live view searched
                 said = " ".join(results.get("live", {}).get("finals") or results.get("drop", {}).get("before") or [])
                 word = max(("".join(c for c in w if c.isalpha()) for w in said.split()), key=len, default="")
-                run_all([("history", lambda: history(p, a.out.parent, word, a.shots))], results, a.only)
+                run_all([("history", lambda: history(p, a.out, word, a.shots))], results, a.only)
         finally:
             stop(app)
             results["app_log"] = app.log.read_text()[-6000:]

@@ -284,3 +284,21 @@ def test_a_database_that_goes_away_delays_nothing_and_loses_nothing(tmp_path):
     finally:
         pg.close()
     assert json.dumps(recorder.describe())
+
+
+@pytest.mark.fast
+def test_where_the_history_is_kept(tmp_path, monkeypatch):
+    """`--data-dir` wins; a Space keeps it in its persistent storage when one is attached and nowhere otherwise;
+    elsewhere the user's data folder; `--no-history` keeps none."""
+    import realtime.store as store_module
+    from realtime.config import Settings
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert store_module.data_dir(Settings()) == tmp_path / "xdg" / "realtime-transcription"
+    assert store_module.data_dir(Settings(data_dir=str(tmp_path / "d"))) == tmp_path / "d"
+    monkeypatch.setattr(store_module, "SPACE_DATA", tmp_path / "space-data")
+    assert store_module.data_dir(Settings(space_id="a/b")) is None
+    (tmp_path / "space-data").mkdir()
+    assert store_module.data_dir(Settings(space_id="a/b")) == tmp_path / "space-data" / "realtime-transcription"
+    assert store_module.open_store(Settings(history=False, data_dir=str(tmp_path / "d"))) is None
+    assert not (tmp_path / "d").exists()

@@ -8,6 +8,7 @@ writes on its own thread, the routes run reads in a thread.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import secrets
 import time
@@ -130,7 +131,7 @@ class Store:
         if self.in_memory:
             engine = sa.create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False})
         else:
-            Path(parsed.database or "").parent.mkdir(parents=True, exist_ok=True)
+            self._file().parent.mkdir(parents=True, exist_ok=True)
             engine = sa.create_engine(parsed, connect_args={"timeout": 30, "check_same_thread": False})
 
         @sa.event.listens_for(engine, "connect")
@@ -149,6 +150,17 @@ class Store:
     def _migrate(self) -> None:
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
+        if self.dialect == "sqlite" and not self.in_memory:  # apps starting together on one file: one at a time
+            with open(self._file().with_suffix(".migrating"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._upgrade(config)
+            return
+        self._upgrade(config)
+
+    def _file(self) -> Path:
+        return Path(sa.make_url(self.url).database or "")
+
+    def _upgrade(self, config: Config) -> None:
         with self.engine.begin() as connection:
             if self.dialect == "postgresql":  # instances starting together: one migrates, the others wait
                 connection.execute(sa.text("SELECT pg_advisory_xact_lock(7700417)"))
@@ -160,7 +172,7 @@ class Store:
             return AdvisoryLocks(self.engine)
         if self.in_memory:
             return NoLocks()
-        return FileLocks(Path(sa.make_url(self.url).database or "").with_suffix(".instances"))
+        return FileLocks(self._file().with_suffix(".instances"))
 
     def close(self) -> None:
         self.liveness.release()
