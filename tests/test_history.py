@@ -247,7 +247,8 @@ def test_the_store_searches_and_finds_a_killed_writer_gone_but_not_a_running_one
 @pytest.mark.fast
 def test_a_database_that_goes_away_delays_nothing_and_loses_nothing(tmp_path):
     """PostgreSQL stopped under a live session's recorder: its finals still reach the client (after the wait), the
-    recorder reports the error and how many writes wait; the server back, they are all written and the error gone."""
+    recorder reports the error and how many writes wait; the server back, they are all written, the error is gone,
+    and the instance holds its lock again (another instance does not take its session for interrupted)."""
     pg = Postgres(tmp_path / "pg")
     try:
         store = Store(pg.url)
@@ -279,6 +280,9 @@ def test_a_database_that_goes_away_delays_nothing_and_loses_nothing(tmp_path):
             time.sleep(0.1)
         stored = store.session("s")
         assert stored and [e.text for e in stored[1]] == [f"sentence number {seg}" for seg in range(3)]
+        other = Store(pg.url)  # the restarted server forgot this instance's lock; it holds it again: still live
+        assert other.recover() == 0 and stored[0].state == "live"
+        other.close()
         recorder.close()
         store.close()
     finally:

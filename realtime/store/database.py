@@ -221,6 +221,7 @@ class Store:
     def recover(self) -> int:
         """Mark the live sessions of instances that are gone as interrupted; how many were."""
         s = schema.sessions
+        self.liveness.renew()
         with self.engine.connect() as c:
             instances = [r[0] for r in c.execute(sa.select(s.c.instance).where(s.c.state == "live").distinct())]
         dead = [i for i in instances if i != self.instance and self.liveness.gone(i)]

@@ -27,6 +27,9 @@ class Liveness(Protocol):
     def release(self) -> None:
         """Let go of this instance's lock (a clean stop)."""
 
+    def renew(self) -> None:
+        """Hold the lock again if the database lost it (its server restarted)."""
+
 
 class FileLocks:
     """Lock files in a folder beside the SQLite database."""
@@ -62,6 +65,9 @@ class FileLocks:
         path.unlink(missing_ok=True)
         return True
 
+    def renew(self) -> None:
+        pass
+
     def release(self) -> None:
         if self._held is not None:
             os.close(self._held)
@@ -80,8 +86,10 @@ class AdvisoryLocks:
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
         self._connection: sa.Connection | None = None
+        self._instance: str | None = None
 
     def hold(self, instance: str) -> None:
+        self._instance = instance
         self._connection = self.engine.connect()
         self._connection.detach()  # out of the pool: closing it ends the database session and its lock
         self._connection.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _key(instance)})
@@ -94,6 +102,19 @@ class AdvisoryLocks:
                 c.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _key(instance)})
             c.commit()
         return bool(taken)
+
+    def renew(self) -> None:
+        if self._connection is None or self._instance is None:
+            return
+        try:
+            self._connection.execute(sa.text("SELECT 1"))
+            self._connection.commit()
+        except sa.exc.SQLAlchemyError:  # the server went away and came back: a new database session, a new lock
+            try:
+                self._connection.close()
+            except sa.exc.SQLAlchemyError:
+                pass
+            self.hold(self._instance)
 
     def release(self) -> None:
         if self._connection is not None:
@@ -109,6 +130,9 @@ class NoLocks:
 
     def gone(self, instance: str) -> bool:
         return False
+
+    def renew(self) -> None:
+        pass
 
     def release(self) -> None:
         pass

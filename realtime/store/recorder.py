@@ -77,6 +77,10 @@ class Recorder:
         if self.error is not None:
             log.info("the history is written again")
             self.error = None
+            try:  # a database server that restarted has forgotten this instance's lock
+                self.store.liveness.renew()
+            except Exception as exc:
+                log.warning("this instance's lock in the history could not be taken again: %s", exc)
         return True
 
     def _schedule_retry(self) -> None:
