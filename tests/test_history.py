@@ -1,8 +1,9 @@
 """The history (realtime/store): transcripts that outlive the process.
 
 - `kill -9` of the app under four live WebRTC clients of real speech, mid-sentence, then a restart on the same data
-  directory: every final any client received is in the history, the sessions are marked interrupted, and the
-  clients' old transcript tokens still open their transcripts.
+  directory: every final any client received is in the history, the sessions are marked interrupted, the clients'
+  old transcript tokens still open their transcripts, and each session's audio (`--keep-audio`) is kept up to
+  past its last final's speech.
 - Two instances on one real PostgreSQL server: a session streamed to one is listed, searched and read on the other,
   and so is an API transcription kept with `store=true`.
 - The store itself on SQLite and PostgreSQL (fast tier): search, a writer killed with `kill -9` found gone while a
@@ -25,7 +26,7 @@ import httpx
 import pytest
 from live_peer import SETTLE_S, Peer
 
-from realtime.audio import decode_file
+from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.bench.corpus import compilation
 from realtime.engines.types import Word
 from realtime.live.events import FinalEvent, PartialEvent
@@ -58,7 +59,7 @@ def test_kill_9_mid_sentence_keeps_every_final_the_clients_received(tmp_path, re
     rng = random.Random(seed)
     recordings = [compilation(rng.sample(pool, 4), tmp_path / f"client{i}.wav") for i in range(4)]
     data = tmp_path / "data"
-    app = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data))
+    app = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data), "--keep-audio")
     try:
         async def stream() -> list[Peer]:
             peers = [Peer(app.url, decode_file(r.path)) for r in recordings]
@@ -79,9 +80,10 @@ def test_kill_9_mid_sentence_keeps_every_final_the_clients_received(tmp_path, re
     finally:
         stop(app)
     received = {p.webrtc_id: (_finals(p), p.token) for p in peers}
+    heard_until = {p.webrtc_id: max(e["audio_end"] for e in p.events if e["type"] == "final") for p in peers}
     assert all(token for _, token in received.values())
 
-    again = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data))
+    again = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data), "--keep-audio")
     try:
         listed = httpx.get(f"{again.url}/v1/transcripts", headers={"Authorization": f"Bearer {KEY}"}).json()
         states = {s["id"]: s["state"] for s in listed["data"]}
@@ -94,6 +96,12 @@ def test_kill_9_mid_sentence_keeps_every_final_the_clients_received(tmp_path, re
             r = httpx.get(f"{again.url}/v1/transcripts/{sid}", params={"token": token})
             assert r.status_code == 200 and r.json()["state"] == "interrupted", r.text
             assert httpx.get(f"{again.url}/v1/transcripts/{sid}", params={"token": "0" * 32}).status_code == 401
+            # its audio (--keep-audio) too, up to the moment of the kill: past its last final's speech
+            r = httpx.get(f"{again.url}/v1/transcripts/{sid}/audio", params={"token": token})
+            assert r.status_code == 200 and r.headers["content-type"] == "audio/ogg", r.text
+            (tmp_path / f"{sid}.ogg").write_bytes(r.content)
+            kept_s = decode_file(tmp_path / f"{sid}.ogg").size / SAMPLE_RATE
+            assert kept_s >= heard_until[sid], (sid, kept_s, heard_until[sid])
     finally:
         stop(again)
 
@@ -225,7 +233,7 @@ def _exercise(url: str) -> None:
     other = Store(url)
     assert store.secret() == other.secret()
     other.close()
-    assert store.purge(time.time() + 1) == 2  # --keep-days: the ended and the interrupted, not the live one
+    assert len(store.purge(time.time() + 1)) == 2  # --keep-days: the ended and the interrupted, not the live one
     assert [s.id for s in store.sessions()] == ["s1"]
     store.close()
 
@@ -306,3 +314,31 @@ def test_where_the_history_is_kept(tmp_path, monkeypatch):
     assert store_module.data_dir(Settings(space_id="a/b")) == tmp_path / "space-data" / "realtime-transcription"
     assert store_module.open_store(Settings(history=False, data_dir=str(tmp_path / "d"))) is None
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.fast
+def test_kept_audio_is_on_disk_as_it_arrives_and_whole_at_the_end(tmp_path):
+    """`--keep-audio`'s files: a real clip fed in 20 ms frames as a session gets it; while it is being fed, the file
+    on disk decodes to within a second of what was fed (what a crash leaves); ended, to all of it. A client's
+    session id does not choose the file's path."""
+    from realtime.store import AudioKeeper
+
+    from real_speech import clips
+
+    audio = decode_file(clips()[0].path)
+    keeper = AudioKeeper(tmp_path / "audio")
+    hear = keeper.listen("../../escape")
+    half = audio.size // 2 // 320 * 320
+    for i in range(0, half, 320):
+        hear(audio[i:i + 320])
+    keeper._pool.submit(lambda: None).result()  # what was handed to the encoder is written
+    path = keeper.path("../../escape")
+    assert path.parent == tmp_path / "audio" and path.exists()
+    (tmp_path / "crash.ogg").write_bytes(path.read_bytes())
+    on_disk = decode_file(tmp_path / "crash.ogg").size / SAMPLE_RATE
+    assert half / SAMPLE_RATE - 1.0 <= on_disk <= half / SAMPLE_RATE, on_disk
+    for i in range(half, audio.size, 320):
+        hear(audio[i:i + 320])
+    keeper.end("../../escape")
+    keeper.close()
+    assert decode_file(path).size / SAMPLE_RATE == pytest.approx(audio.size / SAMPLE_RATE, abs=0.05)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..config import Settings
 from ..engines import Engine, create_engine
 from ..speakers import Diarizer, LiveSpeakers
@@ -50,6 +52,9 @@ class History(Protocol):
     def track(self, session_id: str, source: str, forward: Callable[[Event], None],
               entries_of: Callable[[int], list[Entry]]) -> Callable[[Event], None]:
         """Keep a session that opens; the callback to give it in place of `forward`."""
+
+    def listen(self, session_id: str) -> Callable[[np.ndarray], None] | None:
+        """What takes a session's audio as it arrives, where its audio is kept."""
 
     def end(self, session_id: str) -> None: ...
 
@@ -171,6 +176,7 @@ class TranscriptionService:
             word_timestamps=(s.word_times or labelled) and self.engine.word_timestamps,
             speakers=LiveSpeakers(self.diarizer().embedder) if labelled else None,
             speaker_pool=self._speaker_pool,
+            on_audio=self.history.listen(session_id) if self.history is not None else None,
         )
         self.sessions[session_id] = session
         log.info("session %s opened (%d live)", session_id, len(self.sessions))

@@ -77,6 +77,7 @@ class TranscriptionSession:
         clock: Callable[[], float] = time.monotonic,
         speakers: LiveSpeakers | None = None,
         speaker_pool: Executor | None = None,
+        on_audio: Callable[[np.ndarray], None] | None = None,
     ) -> None:
         self.id = session_id
         self.worker = worker
@@ -105,6 +106,8 @@ class TranscriptionSession:
         self._turns: dict[int, list[Turn]] = {}
         self.names: dict[int, str] = {}
         """Names the user gave speakers, by speaker number."""
+        self.on_audio = on_audio
+        """Takes the audio as it arrives, where it is kept (the history's `--keep-audio`)."""
 
     # -- time
     @property
@@ -121,6 +124,8 @@ class TranscriptionSession:
             return
         self._samples_last += audio.size
         self._wall_last = self.clock()
+        if self.on_audio is not None:
+            self.on_audio(audio)
         for event in self.segmenter.feed(audio):
             self._handle(event)
         self._speculate()

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..config import Settings
+from .audio import AudioKeeper
 from .database import SessionInfo, Store, StoredSession, StoreError, url_for
 from .recorder import Recorder
 
@@ -46,4 +47,4 @@ def open_store(settings: Settings) -> Store | None:
     return Store(url_for(folder))
 
 
-__all__ = ["Recorder", "SessionInfo", "Store", "StoreError", "StoredSession", "data_dir", "open_store"]
+__all__ = ["AudioKeeper", "Recorder", "SessionInfo", "Store", "StoreError", "StoredSession", "data_dir", "open_store"]

@@ -256,14 +256,15 @@ class Store:
             done = c.execute(s.delete().where(s.c.id == session_id, s.c.state != "live"))
         return done.rowcount > 0
 
-    def purge(self, before: float) -> int:
-        """Delete the sessions (not live) that started before `before` (epoch seconds); how many."""
+    def purge(self, before: float) -> list[str]:
+        """Delete the sessions (not live) that started before `before` (epoch seconds); their ids."""
         s = schema.sessions
         with self.engine.begin() as c:
-            old = sa.select(s.c.id).where(s.c.started_at < before, s.c.state != "live")
-            c.execute(schema.entries.delete().where(schema.entries.c.session_id.in_(old)))
-            done = c.execute(s.delete().where(s.c.started_at < before, s.c.state != "live"))
-        return done.rowcount
+            old = [r[0] for r in c.execute(sa.select(s.c.id).where(s.c.started_at < before, s.c.state != "live"))]
+            for i in range(0, len(old), 500):
+                c.execute(schema.entries.delete().where(schema.entries.c.session_id.in_(old[i:i + 500])))
+                c.execute(s.delete().where(s.c.id.in_(old[i:i + 500])))
+        return old
 
     def secret(self) -> bytes:
         """The secret of the transcripts' tokens, made once and kept (instances sharing the database share it)."""

@@ -17,12 +17,15 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 
 from ..live.events import ErrorEvent, Event, FinalEvent, SpeakerEvent
 from ..live.transcript import Entry
+from .audio import AudioKeeper
 from .database import SessionInfo, Store
 
 log = logging.getLogger(__name__)
@@ -34,8 +37,10 @@ class Recorder:
     """The service's `History` on a `Store`: sessions of `engine` running `model` (in `language`, where fixed)."""
 
     def __init__(self, store: Store, engine: str = "", model: str = "", language: str | None = None,
-                 retry_s: float = 2.0, wait_s: float = 2.0) -> None:
+                 retry_s: float = 2.0, wait_s: float = 2.0, audio: AudioKeeper | None = None) -> None:
         self.store = store
+        self.audio = audio
+        """Where sessions' audio is kept (`--keep-audio`), if it is."""
         self.engine, self.model, self.language = engine, model, language
         self.retry_s = retry_s
         self.wait_s = wait_s
@@ -106,8 +111,24 @@ class Recorder:
         self.submit(("begin", session_id), lambda: self.store.begin(info))
         return _Outbox(self, session_id, forward, entries_of).deliver
 
+    def listen(self, session_id: str) -> Callable[[np.ndarray], None] | None:
+        return self.audio.listen(session_id) if self.audio is not None else None
+
     def end(self, session_id: str) -> None:
         self.submit(("end", session_id), lambda: self.store.end(session_id))
+        if self.audio is not None:
+            self.audio.end(session_id)
+
+    def audio_file(self, session_id: str) -> Path | None:
+        """A kept session's audio file, where there is one."""
+        path = self.audio.path(session_id) if self.audio is not None else None
+        return path if path is not None and path.exists() else None
+
+    def forget(self, session_ids: list[str]) -> None:
+        """The audio of deleted sessions, deleted."""
+        if self.audio is not None:
+            for session_id in session_ids:
+                self.audio.forget(session_id)
 
     def clear(self, session_id: str) -> None:
         self.submit(("clear", session_id), lambda: self.store.clear(session_id))
@@ -132,6 +153,8 @@ class Recorder:
     def close(self, timeout: float = 10.0) -> None:
         """Make what is queued (one more try for what failed), then stop, and close the store."""
         self._closed = True
+        if self.audio is not None:
+            self.audio.close()
         if self._retry is not None:
             self._retry.cancel()
         done = self._pool.submit(self._flush)

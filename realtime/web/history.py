@@ -4,7 +4,8 @@
   `{"object": "list", "data": [...], "has_more": ...}`; `before` (a `created_at`) pages on.
 - `GET /v1/transcripts/{id}`: one session with its transcript (`text`, `segments` as in the JSON download).
 - `PATCH /v1/transcripts/{id}` with `{"title": "..."}`: its title.
-- `DELETE /v1/transcripts/{id}`: gone, with its transcript (a live session cannot be deleted).
+- `DELETE /v1/transcripts/{id}`: gone, with its transcript and audio (a live session cannot be deleted).
+- `GET /v1/transcripts/{id}/audio`: its audio (Ogg Opus), where the app keeps it (`--keep-audio`).
 
 With `--api-key`, listing needs the key; one session's routes take the key or the session's token (`?token=`).
 Without a history (`--no-history`) they answer 404 `history_off`.
@@ -17,11 +18,11 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
-from ..store import Store
+from ..store import Recorder, Store
 from .access import allowed, bearer, is_key
 from .api_fields import APIError
 
@@ -29,8 +30,9 @@ MAX_LIMIT = 100
 TITLE_CHARS = 200
 
 
-def create_history_router(service: TranscriptionService, history: Store | None) -> APIRouter:
-    """The history's routes over `history` (None: the server keeps none)."""
+def create_history_router(service: TranscriptionService, history: Store | None,
+                          recorder: Recorder | None = None) -> APIRouter:
+    """The history's routes over `history` (None: the server keeps none); `recorder` has the sessions' audio."""
     router = APIRouter()
     settings = service.settings
 
@@ -98,6 +100,18 @@ def create_history_router(service: TranscriptionService, history: Store | None) 
             return JSONResponse(summary.as_dict() | json.loads(fmt.to_json(entries)))
         return await guarded(run)
 
+    @router.get("/v1/transcripts/{session_id}/audio", include_in_schema=False)
+    async def audio(session_id: str, request: Request) -> Response:
+        async def run() -> Response:
+            check_session(request, session_id)
+            store()
+            path = recorder.audio_file(session_id) if recorder is not None else None
+            if path is None:
+                raise APIError(404, f"no audio kept for {session_id} (the app keeps it with --keep-audio)",
+                               "no_audio")
+            return FileResponse(path, media_type="audio/ogg", filename=f"{session_id}.ogg")
+        return await guarded(run)
+
     @router.patch("/v1/transcripts/{session_id}", include_in_schema=False)
     async def retitle(session_id: str, request: Request) -> Response:
         async def run() -> Response:
@@ -127,6 +141,8 @@ def create_history_router(service: TranscriptionService, history: Store | None) 
                 if found is not None and found[0].state == "live":
                     raise APIError(409, f"session {session_id} is live; delete it once it has ended", "session_live")
                 raise unknown(session_id)
+            if recorder is not None:
+                recorder.forget([session_id])
             service.closed.pop(session_id, None)
             return JSONResponse({"id": session_id, "object": "transcript.deleted", "deleted": True})
         return await guarded(run)

@@ -7,14 +7,15 @@ With `--api-key` the tab asks for the key before it lists anything; without a hi
 from __future__ import annotations
 
 import asyncio
+import html
 import time
 from typing import Any
 
 import gradio as gr
 
 from ..config import Settings
-from ..store import Store, StoredSession
-from .access import is_key
+from ..store import Recorder, Store, StoredSession
+from .access import is_key, session_token
 from .ui import render_downloads, render_file_text
 
 LISTED = 50
@@ -52,8 +53,19 @@ def render_off(settings: Settings, store: Store | None) -> str:
             "download them from the Live tab.</p>")
 
 
-def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None) -> None:
-    """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when selected."""
+def render_audio_link(settings: Settings, recorder: Recorder | None, session_id: str) -> str:
+    """A link to the session's kept audio (`--keep-audio`), where there is some."""
+    if recorder is None or recorder.audio_file(session_id) is None:
+        return ""
+    query = f"?token={session_token(session_id)}" if settings.api_key else ""
+    sid = html.escape(session_id)
+    link = f'<a href="v1/transcripts/{sid}/audio{query}" download="{sid}.ogg">.ogg</a>'
+    return f' <span class="rt-downloads">audio {link}</span>'
+
+
+def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None, recorder: Recorder | None = None) -> None:
+    """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when selected;
+    `recorder` has the sessions' audio where it is kept."""
     gr.HTML(render_off(settings, store), elem_id="rt-history-note")
     with gr.Row():
         key = gr.Textbox(label="API key", type="password", visible=bool(settings.api_key and store is not None),
@@ -93,8 +105,8 @@ def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None) -> N
         if found is None:
             return gr.update(visible=False), "", "", ""
         summary, entries = found
-        return (gr.update(visible=True), summary.title or "", render_downloads(list(entries), summary.language),
-                render_file_text(list(entries), {}))
+        links = render_downloads(list(entries), summary.language) + render_audio_link(settings, recorder, summary.id)
+        return gr.update(visible=True), summary.title or "", links, render_file_text(list(entries), {})
 
     async def on_retitle(given: str | None, session_id: str | None, new: str | None,
                          q: str | None) -> dict[str, Any]:
@@ -104,8 +116,8 @@ def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None) -> N
 
     async def on_delete(given: str | None, session_id: str | None,
                         q: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        if session_id and allowed(given):
-            await asyncio.to_thread(store.delete, session_id)
+        if session_id and allowed(given) and await asyncio.to_thread(store.delete, session_id) and recorder:
+            recorder.forget([session_id])
         return await listed(given, q), gr.update(visible=False)
 
     for trigger in (tab.select, search.click, query.submit, key.submit):

@@ -42,7 +42,7 @@ from ..config import Settings, parse_settings
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..live.transcript import TranscriptSnapshot
-from ..store import Recorder, Store, open_store
+from ..store import AudioKeeper, Recorder, Store, data_dir, open_store
 from .access import allowed, session_token, use_secret
 from .api import create_router
 from .api_fields import APIError, line_chars
@@ -126,7 +126,9 @@ async def _housekeeping(service: TranscriptionService, store: Store, keep_days: 
                 purged_at = time.monotonic()
                 gone = await asyncio.to_thread(store.purge, time.time() - keep_days * 86400)
                 if gone:
-                    log.info("%d sessions older than %g days deleted", gone, keep_days)
+                    log.info("%d sessions older than %g days deleted", len(gone), keep_days)
+                    if isinstance(service.history, Recorder):
+                        service.history.forget(gone)
             await asyncio.sleep(RECOVER_EVERY_S)
             if service.history is not None:
                 await asyncio.to_thread(service.history.recover)
@@ -144,8 +146,11 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     store = open_store(settings)
     if store is not None:
         described = service.engine.describe()
+        folder = data_dir(settings)
+        keeper = AudioKeeper(folder / "audio") if settings.keep_audio and folder is not None else None
         service.history = Recorder(store, str(described.get("engine", settings.engine)),
-                                   str(described.get("model") or settings.model or ""), settings.language)
+                                   str(described.get("model") or settings.model or ""), settings.language,
+                                   audio=keeper)
     if settings.secret:
         use_secret(hashlib.sha256(settings.secret.encode()).digest())
     elif store is not None:
@@ -154,7 +159,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     transcripts = PageTranscripts(service)
     def history_tab() -> None:
         with gr.Tab("History", id="history", elem_id="rt-tab-history") as tab:
-            build_history_tab(tab, settings, store)
+            build_history_tab(tab, settings, store, service.history if isinstance(service.history, Recorder)
+                              else None)
 
     page, webrtc = build_page(service, turn, transcripts, history_tab)
     limits = SessionLimits(settings, service, webrtc)
@@ -276,7 +282,8 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
 
     app.middleware("http")(metrics.middleware)
     routers = [create_router(service, lane_hints=bool(settings.api_key)), create_realtime_router(service),
-               create_history_router(service, store)]
+               create_history_router(service, store, service.history if isinstance(service.history, Recorder)
+                                     else None)]
     for router in routers:
         app.include_router(router)
     _refuse_other_methods(app, [*app.routes, *(r for router in routers for r in router.routes)])
