@@ -17,7 +17,7 @@ import pytest
 from live_apps import PER_MINUTE
 from live_peer import Peer
 
-from realtime.audio import SAMPLE_RATE
+from realtime.audio import SAMPLE_RATE, wav_bytes
 from realtime.bench.client import _make_track
 from realtime.web.ice import use_loopback_only
 
@@ -158,19 +158,11 @@ def test_an_app_without_history_says_so_and_keeps_nothing(limited_app):
     transcribed, /health says none, and nothing is written to the data folder."""
     r = httpx.get(f"{limited_app.url}/v1/transcripts")
     assert r.status_code == 404 and r.json()["error"]["code"] == "history_off", r.text
-    r = httpx.post(f"{limited_app.url}/v1/audio/transcriptions", files={"file": ("a.wav", _silence_wav())},
+    silence = wav_bytes(np.zeros(SAMPLE_RATE, np.float32))
+    r = httpx.post(f"{limited_app.url}/v1/audio/transcriptions", files={"file": ("a.wav", silence)},
                    data={"store": "true"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "history_off", r.text
     assert limited_app.health()["history"] is None
     data = limited_app.log.parent / "data"
     assert not data.exists() or not any(data.iterdir()), list(data.iterdir())
 
-
-def _silence_wav() -> bytes:
-    import io
-
-    import soundfile as sf
-
-    buf = io.BytesIO()
-    sf.write(buf, np.zeros(SAMPLE_RATE, np.float32), SAMPLE_RATE, format="WAV", subtype="PCM_16")
-    return buf.getvalue()

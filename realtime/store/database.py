@@ -31,6 +31,7 @@ from .liveness import AdvisoryLocks, FileLocks, Liveness, NoLocks
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 PREVIEW_CHARS = 120
+TITLE_CHARS = 200
 MAX_WORDS = 8
 """A search takes the first so many words typed."""
 
@@ -242,6 +243,8 @@ class Store:
         return done.rowcount > 0
 
     def retitle(self, session_id: str, title: str) -> bool:
+        """A session's title, its spaces collapsed and cut to `TITLE_CHARS` (empty: none); whether it exists."""
+        title = " ".join(title.split())[:TITLE_CHARS]
         s = schema.sessions
         with self.engine.begin() as c:
             done = c.execute(s.update().where(s.c.id == session_id).values(title=title or None))

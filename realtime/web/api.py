@@ -74,6 +74,7 @@ from .api_fields import (
     Params,
     TooLarge,
     check_audio,
+    key_refused,
     no_space,
     parse_params,
     reference_audio,
@@ -96,11 +97,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
 
     def check_key(request: Request) -> None:
         key = settings.api_key
-        if not key:
-            return
-        if not is_key(bearer(request.headers.get("authorization", "")), key):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                           "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        if key and not is_key(bearer(request.headers.get("authorization", "")), key):
+            raise key_refused()
 
     def check_ready() -> dict[str, Any]:
         engine = service.engine
@@ -256,11 +254,10 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             if not params.words:
                 entries = [dataclasses.replace(e, words=()) for e in entries]
         text = " ".join(e.text for e in entries)
+        response = answer(params, task, entries, decoded, words, text, language, segments.duration, options)
         if params.store:
-            response = answer(params, task, entries, decoded, words, text, language, segments.duration, options)
             response.headers["X-Transcript-Id"] = await keep(entries, segments.duration, language)
-            return response
-        return answer(params, task, entries, decoded, words, text, language, segments.duration, options)
+        return response
 
     async def keep(entries: list[Entry], duration: float, language: str | None) -> str:
         history = service.history

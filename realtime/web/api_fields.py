@@ -73,6 +73,18 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+def key_refused() -> APIError:
+    """401 for a request without the `--api-key` it needs."""
+    return APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def token_refused() -> APIError:
+    """401 for a session's transcript asked without the key or the session's token (realtime/web/access.py)."""
+    return APIError(401, "this transcript needs the API key (Authorization: Bearer) or its session's token "
+                         "(?token=)", "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
 class TooLarge(MultiPartException):
     """The body passed the size limit while being read (a MultiPartException so the parser closes its files)."""
 

@@ -24,10 +24,9 @@ from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..store import Recorder, Store
 from .access import allowed, bearer, is_key
-from .api_fields import APIError
+from .api_fields import APIError, key_refused, token_refused
 
 MAX_LIMIT = 100
-TITLE_CHARS = 200
 
 
 def create_history_router(service: TranscriptionService, history: Store | None,
@@ -44,13 +43,11 @@ def create_history_router(service: TranscriptionService, history: Store | None,
 
     def check_key(request: Request) -> None:
         if settings.api_key and not is_key(bearer(request.headers.get("authorization", "")), settings.api_key):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise key_refused()
 
     def check_session(request: Request, session_id: str) -> None:
         if not allowed(request, session_id, settings.api_key):
-            raise APIError(401, "this transcript needs the API key (Authorization: Bearer) or its session's token "
-                                "(?token=)", "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise token_refused()
 
     def unknown(session_id: str) -> APIError:
         return APIError(404, f"no transcript {session_id}", "unknown_transcript")
@@ -123,7 +120,6 @@ def create_history_router(service: TranscriptionService, history: Store | None,
             title = body.get("title") if isinstance(body, dict) else None
             if not isinstance(title, str):
                 raise APIError(422, "title (string) is required", "missing_field")
-            title = " ".join(title.split())[:TITLE_CHARS]
             if not await asyncio.to_thread(store().retitle, session_id, title):
                 raise unknown(session_id)
             found = await asyncio.to_thread(store().session, session_id)

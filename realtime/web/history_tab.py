@@ -19,7 +19,6 @@ from .access import is_key, session_token
 from .ui import render_downloads, render_file_text
 
 LISTED = 50
-TITLE_CHARS = 200
 
 
 def _when(epoch: float) -> str:
@@ -111,7 +110,7 @@ def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None, reco
     async def on_retitle(given: str | None, session_id: str | None, new: str | None,
                          q: str | None) -> dict[str, Any]:
         if session_id and allowed(given):
-            await asyncio.to_thread(store.retitle, session_id, " ".join((new or "").split())[:TITLE_CHARS])
+            await asyncio.to_thread(store.retitle, session_id, new or "")
         return await listed(given, q, keep=session_id)
 
     async def on_delete(given: str | None, session_id: str | None,

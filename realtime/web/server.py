@@ -45,7 +45,7 @@ from ..live.transcript import TranscriptSnapshot
 from ..store import AudioKeeper, Recorder, Store, data_dir, open_store
 from .access import allowed, session_token, use_secret
 from .api import create_router
-from .api_fields import APIError, line_chars
+from .api_fields import APIError, line_chars, token_refused
 from .history import create_history_router
 from .history_tab import build_history_tab
 from .ice import use_loopback_only
@@ -76,13 +76,6 @@ _EXTERNAL_TAGS = re.compile(rb'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error",
                                                                "code": code, "param": None}})
-
-
-def _unauthorized() -> JSONResponse:
-    response = _error(401, "this transcript needs the API key (Authorization: Bearer) or its session's token "
-                           "(?token=)", "invalid_api_key")
-    response.headers["WWW-Authenticate"] = "Bearer"
-    return response
 
 
 class _WrongMethod:
@@ -221,7 +214,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     @app.get("/transcript/{webrtc_id}/events")
     async def events(webrtc_id: str, request: Request) -> Any:
         if not allowed(request, webrtc_id, settings.api_key):
-            return _unauthorized()
+            return token_refused().response()
         if webrtc_id not in webrtc.pcs and webrtc_id not in webrtc.additional_outputs:
             return _error(404, f"no live session {webrtc_id}", "unknown_session")
         _ = webrtc.additional_outputs[webrtc_id]  # a live connection's queue (a defaultdict), before its first output
@@ -237,7 +230,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     @app.get("/transcript/{webrtc_id}.{ext}")
     async def download(webrtc_id: str, ext: str, request: Request) -> Any:
         if not allowed(request, webrtc_id, settings.api_key):
-            return _unauthorized()
+            return token_refused().response()
         if ext not in _FORMATS:
             return _error(404, f"unknown format .{ext}; use txt, srt, vtt or json", "unknown_format")
         snapshot = transcripts.snapshot(webrtc_id)  # after the page's earlier sessions that it carries on from
