@@ -165,6 +165,10 @@ class Settings:
     keep_audio: bool = _opt("keep each live session's audio (Ogg Opus) beside its transcript, in the data folder",
                             default=False)
     keep_days: float = _opt("delete sessions older than this many days (0: keep all)", default=0.0)
+    retranscribe_model: str = _opt("model that retranscribing a kept session (--keep-audio) loads and uses unless the "
+                                   "request asks for --model's: an embedded engine's model, loaded on first use",
+                                   default="base")
+    retranscribe_compute_type: str = _opt("compute type of the retranscription's engine", default="float32")
     secret: str = _opt("secret of the transcripts' tokens (empty: one kept in the history's database, else made at "
                        "start-up); instances behind one address need the same", default="")
     # -- HTTP transcription API (realtime/web/api.py)

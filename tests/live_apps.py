@@ -6,8 +6,8 @@ xdist group (named after the module that uses it most), which puts them on one w
 as it found it (sessions closed, slots freed); counters that tests read (/health's reclaimed sessions and refusals)
 are compared before and after.
 
-- `keyed_app`: `--api-key` and `--concurrency-limit 3` (group test_realtime_api): the Realtime API's tests, the
-  page's concurrency limit, transcripts that need the key.
+- `keyed_app`: `--api-key`, `--concurrency-limit 3` and `--keep-audio` (group test_realtime_api): the Realtime
+  API's tests, the page's concurrency limit, transcripts that need the key, a kept session transcribed again.
 - `limited_app`: `--max-new-connections-per-minute 2 --max-connections-per-client 5 --session-time-limit 2
   --no-history` (group test_signalling): the page's per-client caps (offers that never connect, so no session the
   time limit could end), the time limit ending a Realtime API session, and an app that keeps no history.
@@ -36,7 +36,8 @@ TIME_LIMIT_S = 2
 
 @pytest.fixture(scope="session")
 def keyed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
-    a = launch(tmp_path_factory.mktemp("keyed-app"), "--api-key", KEY, "--concurrency-limit", str(LIMIT))
+    a = launch(tmp_path_factory.mktemp("keyed-app"), "--api-key", KEY, "--concurrency-limit", str(LIMIT),
+               "--keep-audio")
     yield a
     stop(a)
 

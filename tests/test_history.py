@@ -196,6 +196,19 @@ def _exercise(url: str) -> None:
     assert store.sessions("cat fox") == store.sessions("fox cat") == [] and store.sessions('fox" OR "cat') == []
     assert store.rename_speaker("s1", "B", "Bea") and store.session("s1")[1][1].speaker == "Bea"  # type: ignore[index]
 
+    # retranscribed: the new text replaces the old, which is kept as a version (a live session's is not replaced)
+    assert store.replace("s1", [_entry(0, "a careful pass")], "embedded", "base") is None
+    store.save(SessionInfo("s3", "file", "embedded", "tiny.en"), [_entry(0, "the live draft", "Ann")], 2.0, "t")
+    assert store.replace("s3", [_entry(0, "the careful pass", "Ann")], "embedded", "base") == 1
+    assert store.replace("s3", [_entry(0, "a third pass")], "embedded", "small") == 2
+    now, entries = store.session("s3") or (None, ())
+    assert now and (now.model, now.state, [e.text for e in entries]) == ("small", "ended", ["a third pass"])
+    versions = store.versions("s3")
+    assert [(v.number, v.model, [(e.text, e.speaker) for e in v.entries]) for v in versions] == [
+        (1, "tiny.en", [("the live draft", "Ann")]), (2, "base", [("the careful pass", "Ann")])]
+    assert versions[0].entries[0].words[1].word == " live" and versions[0].made_at < versions[1].made_at
+    assert [s.id for s in store.sessions("third")] == ["s3"] and store.sessions("careful pass") == []
+
     # a session's final reaches its client once it is in the database, not before
     recorder = Recorder(Store(url))
     seen: list[tuple[str, ...]] = []
@@ -233,8 +246,8 @@ def _exercise(url: str) -> None:
     other = Store(url)
     assert store.secret() == other.secret()
     other.close()
-    assert len(store.purge(time.time() + 1)) == 2  # --keep-days: the ended and the interrupted, not the live one
-    assert [s.id for s in store.sessions()] == ["s1"]
+    assert len(store.purge(time.time() + 1)) == 3  # --keep-days: the ended and the interrupted, not the live one
+    assert [s.id for s in store.sessions()] == ["s1"] and store.versions("s3") == []
     store.close()
 
 
@@ -342,3 +355,34 @@ def test_kept_audio_is_on_disk_as_it_arrives_and_whole_at_the_end(tmp_path):
     keeper.end("../../escape")
     keeper.close()
     assert decode_file(path).size / SAMPLE_RATE == pytest.approx(audio.size / SAMPLE_RATE, abs=0.05)
+
+
+@pytest.mark.fast
+def test_a_newer_version_opens_an_older_database(tmp_path):
+    """A database made at revision 0001 (before versions) with a session in it: the store opens it at the newest
+    revision, the session reads as before, and it can be transcribed again (its old text kept as version 1)."""
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
+
+    from realtime.store.database import MIGRATIONS
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0001")
+        connection.execute(sa.text("INSERT INTO sessions (id, source, state, instance, started_at, ended_at, engine, "
+                                   "model) VALUES ('old', 'webrtc', 'ended', 'x', 1.0, 9.0, 'embedded', 'tiny.en')"))
+        connection.execute(sa.text("INSERT INTO entries (session_id, segment, part, start_s, end_s, text, kind) "
+                                   "VALUES ('old', 0, 0, 0.5, 2.0, 'kept from before', 'final')"))
+    engine.dispose()
+    store = Store(url)
+    found = store.session("old")
+    assert found and [e.text for e in found[1]] == ["kept from before"] and found[0].duration == 8.0
+    assert [s.id for s in store.sessions("before")] == ["old"]
+    assert store.replace("old", [_entry(0, "read again")], "embedded", "base") == 1
+    assert [[e.text for e in v.entries] for v in store.versions("old")] == [["kept from before"]]
+    store.close()

@@ -82,6 +82,7 @@ def main(argv: list[str]) -> int:
     from .history import add_parser as add_history_parser
     from .peers import add_parser as add_peers_parser
     from .pool import add_parser as add_pool_parser
+    from .retranscribe import add_parser as add_retranscribe_parser
     from .speakers import add_parser as add_speakers_parser
 
     add_peers_parser(sub)
@@ -89,6 +90,7 @@ def main(argv: list[str]) -> int:
     add_gpu_parser(sub)
     add_speakers_parser(sub)
     add_history_parser(sub)
+    add_retranscribe_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -125,6 +127,10 @@ def main(argv: list[str]) -> int:
         from .history import bench_history
 
         bench_history(args)
+    elif args.kind == "retranscribe":
+        from .retranscribe import bench_retranscribe
+
+        bench_retranscribe(args)
     elif args.kind == "soak":
         doc = bench_soak(args)
         return 0 if doc["summary"]["verdict"]["nothing_lost"] else 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import Settings
 from .audio import AudioKeeper
-from .database import SessionInfo, Store, StoredSession, StoreError, url_for
+from .database import SessionInfo, Store, StoredSession, StoreError, Version, url_for
 from .recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -47,4 +47,5 @@ def open_store(settings: Settings) -> Store | None:
     return Store(url_for(folder))
 
 
-__all__ = ["AudioKeeper", "Recorder", "SessionInfo", "Store", "StoreError", "StoredSession", "data_dir", "open_store"]
+__all__ = ["AudioKeeper", "Recorder", "SessionInfo", "Store", "StoreError", "StoredSession", "Version", "data_dir",
+           "open_store"]

@@ -77,6 +77,22 @@ class StoredSession:
                 "language": self.language, "preview": self.preview, "speakers": list(self.speakers)}
 
 
+@dataclass(frozen=True)
+class Version:
+    """A text a session had before a retranscription replaced it: number 1 is the live draft."""
+
+    number: int
+    made_at: float
+    replaced_at: float
+    engine: str
+    model: str
+    entries: tuple[Entry, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version": self.number, "object": "transcript.version", "created_at": round(self.made_at, 3),
+                "replaced_at": round(self.replaced_at, 3), "engine": self.engine, "model": self.model}
+
+
 def url_for(data_dir: Path) -> str:
     return f"sqlite:///{data_dir / 'history.sqlite3'}"
 
@@ -91,6 +107,12 @@ def _row(session_id: str, segment: int, part: int, e: Entry) -> dict[str, Any]:
     return {"session_id": session_id, "segment": segment, "part": part, "start_s": e.start, "end_s": e.end,
             "text": e.text, "kind": e.kind, "language": e.language, "speaker": e.speaker, "latency": e.latency,
             "words": _words(e)}
+
+
+def _kept(row: Any) -> dict[str, Any]:
+    """An entry's columns, as a version keeps them."""
+    return {k: getattr(row, k) for k in ("segment", "part", "start_s", "end_s", "text", "kind", "language",
+                                         "speaker", "latency", "words")}
 
 
 def _entry(row: Any) -> Entry:
@@ -235,6 +257,35 @@ class Store:
                              .values(state="interrupted", ended_at=s.c.started_at + sa.func.coalesce(last, 0.0)))
         return done.rowcount
 
+    def replace(self, session_id: str, entries: Sequence[Entry], engine: str, model: str) -> int | None:
+        """A session's text replaced by `entries` (made by `engine` running `model`), the text it had kept as a
+        version: that version's number, or None where the session is unknown or live."""
+        s, t, v = schema.sessions, schema.entries, schema.versions
+        now = time.time()
+        with self.engine.begin() as c:
+            row = c.execute(sa.select(s).where(s.c.id == session_id)).first()
+            if row is None or row.state == "live":
+                return None
+            old = c.execute(sa.select(t).where(t.c.session_id == session_id).order_by(t.c.segment, t.c.part)).all()
+            number = 1 + (c.execute(sa.select(sa.func.max(v.c.number)).where(v.c.session_id == session_id))
+                          .scalar() or 0)
+            c.execute(v.insert().values(session_id=session_id, number=number, made_at=row.made_at or row.started_at,
+                                        replaced_at=now, engine=row.engine, model=row.model,
+                                        entries=json.dumps([_kept(r) for r in old], ensure_ascii=False)))
+            c.execute(t.delete().where(t.c.session_id == session_id))
+            if entries:
+                c.execute(t.insert(), [_row(session_id, e.segment, i, e) for i, e in enumerate(entries)])
+            c.execute(s.update().where(s.c.id == session_id).values(engine=engine, model=model, made_at=now))
+        return number
+
+    def versions(self, session_id: str) -> list[Version]:
+        """The texts a session had before, oldest first."""
+        v = schema.versions
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(v).where(v.c.session_id == session_id).order_by(v.c.number)).all()
+        return [Version(r.number, r.made_at, r.replaced_at, r.engine, r.model,
+                        tuple(_entry(SimpleNamespace(**e)) for e in json.loads(r.entries))) for r in rows]
+
     def rename_speaker(self, session_id: str, speaker: str, name: str) -> bool:
         t = schema.entries
         with self.engine.begin() as c:
@@ -256,6 +307,7 @@ class Store:
         with self.engine.begin() as c:
             ended = sa.select(s.c.id).where(s.c.id == session_id, s.c.state != "live")
             c.execute(schema.entries.delete().where(schema.entries.c.session_id.in_(ended)))
+            c.execute(schema.versions.delete().where(schema.versions.c.session_id.in_(ended)))
             done = c.execute(s.delete().where(s.c.id == session_id, s.c.state != "live"))
         return done.rowcount > 0
 
@@ -266,6 +318,7 @@ class Store:
             old = [r[0] for r in c.execute(sa.select(s.c.id).where(s.c.started_at < before, s.c.state != "live"))]
             for i in range(0, len(old), 500):
                 c.execute(schema.entries.delete().where(schema.entries.c.session_id.in_(old[i:i + 500])))
+                c.execute(schema.versions.delete().where(schema.versions.c.session_id.in_(old[i:i + 500])))
                 c.execute(s.delete().where(s.c.id.in_(old[i:i + 500])))
         return old
 

@@ -21,9 +21,11 @@ sessions = sa.Table(
     sa.Column("engine", sa.String(32), nullable=False),
     sa.Column("model", sa.String(200), nullable=False),
     sa.Column("language", sa.String(16)),
+    sa.Column("made_at", sa.Float),
 )
 """One row per live session (page, WebRTC client or Realtime API connection). `state`: live, ended or interrupted
-(its process ended without closing it)."""
+(its process ended without closing it). `engine` and `model` made its text, at `made_at` when a retranscription did
+(else as it went)."""
 
 entries = sa.Table(
     "entries", metadata,
@@ -50,3 +52,18 @@ settings = sa.Table(
     sa.Column("value", sa.Text, nullable=False),
 )
 """What instances sharing the database share: the secret of the transcripts' tokens."""
+
+versions = sa.Table(
+    "versions", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("session_id", sa.String(128), sa.ForeignKey("sessions.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("made_at", sa.Float, nullable=False),
+    sa.Column("replaced_at", sa.Float, nullable=False),
+    sa.Column("engine", sa.String(32), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("entries", sa.Text, nullable=False),
+    sa.UniqueConstraint("session_id", "number", name="versions_number"),
+)
+"""The texts a session had before a retranscription replaced them, numbered from 1 (the live draft): who made each,
+when, and its entries as JSON (a list of the entries' columns)."""

@@ -6,6 +6,10 @@
 - `PATCH /v1/transcripts/{id}` with `{"title": "..."}`: its title.
 - `DELETE /v1/transcripts/{id}`: gone, with its transcript and audio (a live session cannot be deleted).
 - `GET /v1/transcripts/{id}/audio`: its audio (Ogg Opus), where the app keeps it (`--keep-audio`).
+- `POST /v1/transcripts/{id}/retranscribe` with `{"model": "...", "language": "..."}` (both optional): its kept
+  audio through the file path again (realtime/live/retranscribe.py); the new text replaces the session's, which is
+  kept as a version. Answers the session as `GET` does, once the pass is done.
+- `GET /v1/transcripts/{id}/versions/{n}`: a text the session had before (1: the live draft).
 
 With `--api-key`, listing needs the key; one session's routes take the key or the session's token (`?token=`).
 Without a history (`--no-history`) they answer 404 `history_off`.
@@ -20,20 +24,62 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from ..audio import AudioDecodeError
 from ..live import transcript as fmt
+from ..live.retranscribe import ModelUnavailable, Retranscriber
 from ..live.service import TranscriptionService
-from ..store import Recorder, Store
+from ..live.transcript import Entry
+from ..store import Recorder, Store, StoredSession
 from .access import allowed, bearer, is_key
 from .api_fields import APIError, key_refused, token_refused
 
 MAX_LIMIT = 100
 
 
+def unknown(session_id: str) -> APIError:
+    return APIError(404, f"no transcript {session_id}", "unknown_transcript")
+
+
+async def retranscribe(service: TranscriptionService, history: Store, recorder: Recorder | None,
+                       passes: Retranscriber, session_id: str, model: str | None = None,
+                       language: str | None = None) -> tuple[int, StoredSession, tuple[Entry, ...]]:
+    """A kept session's audio transcribed again: the number its old text has as a version, and the session now.
+    Raises APIError where it cannot be (no such session, live, no audio, a model not offered) or the pass failed
+    (the text unchanged)."""
+    found = await asyncio.to_thread(history.session, session_id)
+    if found is None:
+        raise unknown(session_id)
+    if found[0].state == "live" or session_id in service.sessions:
+        raise APIError(409, f"session {session_id} is live; retranscribe it once it has ended", "session_live")
+    path = recorder.audio_file(session_id) if recorder is not None else None
+    if path is None:
+        raise APIError(404, f"no audio kept for {session_id} (the app keeps it with --keep-audio)", "no_audio")
+    try:
+        made = await passes.run(path, found[1], model, language or None)
+    except ModelUnavailable as exc:
+        if not exc.offered:
+            raise APIError(400, str(exc), "model_not_offered") from None
+        raise APIError(503, str(exc), "model_unavailable", kind="server_error") from None
+    except AudioDecodeError as exc:
+        raise APIError(422, f"the kept audio does not decode: {exc}", "undecodable_audio") from None
+    except Exception as exc:
+        raise APIError(502, f"the retranscription failed, the text is unchanged: {exc}", "retranscription_failed",
+                       kind="server_error") from None
+    number = await asyncio.to_thread(history.replace, session_id, made.entries, made.engine, made.model)
+    found = await asyncio.to_thread(history.session, session_id)
+    if number is None or found is None:  # deleted, or live again, while it ran
+        raise APIError(409, f"session {session_id} changed while it was transcribed again", "session_changed")
+    service.closed.pop(session_id, None)  # the memory's copy is the old text
+    return number, *found
+
+
 def create_history_router(service: TranscriptionService, history: Store | None,
-                          recorder: Recorder | None = None) -> APIRouter:
-    """The history's routes over `history` (None: the server keeps none); `recorder` has the sessions' audio."""
+                          recorder: Recorder | None = None, passes: Retranscriber | None = None) -> APIRouter:
+    """The history's routes over `history` (None: the server keeps none); `recorder` has the sessions' audio,
+    `passes` transcribes it again."""
     router = APIRouter()
     settings = service.settings
+    passes = passes or Retranscriber(service)
 
     def store() -> Store:
         if history is None:
@@ -48,9 +94,6 @@ def create_history_router(service: TranscriptionService, history: Store | None,
     def check_session(request: Request, session_id: str) -> None:
         if not allowed(request, session_id, settings.api_key):
             raise token_refused()
-
-    def unknown(session_id: str) -> APIError:
-        return APIError(404, f"no transcript {session_id}", "unknown_transcript")
 
     def number(request: Request, name: str, default: float | None, low: float, high: float) -> float | None:
         raw = request.query_params.get(name)
@@ -94,7 +137,41 @@ def create_history_router(service: TranscriptionService, history: Store | None,
             live = service.sessions.get(session_id)
             if live is not None:  # what the session has, also what its history is still writing
                 entries = live.transcript.snapshot().entries
-            return JSONResponse(summary.as_dict() | json.loads(fmt.to_json(entries)))
+            return JSONResponse(await described(summary, entries))
+        return await guarded(run)
+
+    async def described(summary: StoredSession, entries: tuple[Entry, ...]) -> dict[str, Any]:
+        versions = await asyncio.to_thread(store().versions, summary.id)
+        return summary.as_dict() | json.loads(fmt.to_json(entries)) | {"versions": [v.as_dict() for v in versions]}
+
+    @router.get("/v1/transcripts/{session_id}/versions/{number}", include_in_schema=False)
+    async def get_version(session_id: str, number: str, request: Request) -> Response:
+        async def run() -> Response:
+            check_session(request, session_id)
+            kept = {str(v.number): v for v in await asyncio.to_thread(store().versions, session_id)}
+            if number not in kept:
+                raise APIError(404, f"transcript {session_id} has no version {number}", "unknown_version")
+            version = kept[number]
+            return JSONResponse({"id": session_id} | version.as_dict() | json.loads(fmt.to_json(version.entries)))
+        return await guarded(run)
+
+    @router.post("/v1/transcripts/{session_id}/retranscribe", include_in_schema=False)
+    async def post_retranscribe(session_id: str, request: Request) -> Response:
+        async def run() -> Response:
+            check_session(request, session_id)
+            raw = await request.body()
+            try:
+                body = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                raise APIError(400, "the body must be JSON: {\"model\": \"...\"} or nothing", "invalid_json") from None
+            if not isinstance(body, dict):
+                raise APIError(400, "the body must be a JSON object", "invalid_json")
+            for name in ("model", "language"):
+                if body.get(name) is not None and not isinstance(body[name], str):
+                    raise APIError(422, f"{name} must be a string", "invalid_value")
+            number, summary, entries = await retranscribe(service, store(), recorder, passes, session_id,
+                                                          body.get("model") or None, body.get("language") or None)
+            return JSONResponse(await described(summary, entries) | {"replaced_version": number})
         return await guarded(run)
 
     @router.get("/v1/transcripts/{session_id}/audio", include_in_schema=False)

@@ -1,5 +1,6 @@
 """The page's History tab: the sessions the history keeps (realtime/store), newest first, searched by the words
-said; one opened to read with its speakers and times, retitled, downloaded in the four formats, or deleted.
+said; one opened to read with its speakers and times, retitled, downloaded in the four formats, or deleted; with
+its audio kept, transcribed again with a model chosen (its earlier texts kept as versions, each one readable).
 
 With `--api-key` the tab asks for the key before it lists anything; without a history it says why there is none.
 """
@@ -14,8 +15,12 @@ from typing import Any
 import gradio as gr
 
 from ..config import Settings
-from ..store import Recorder, Store, StoredSession
+from ..live.retranscribe import Retranscriber
+from ..live.service import TranscriptionService
+from ..store import Recorder, Store, StoredSession, Version
 from .access import is_key, session_token
+from .api_fields import APIError
+from .history import retranscribe
 from .ui import render_downloads, render_file_text
 
 LISTED = 50
@@ -62,9 +67,19 @@ def render_audio_link(settings: Settings, recorder: Recorder | None, session_id:
     return f' <span class="rt-downloads">audio {link}</span>'
 
 
-def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None, recorder: Recorder | None = None) -> None:
+def version_choices(summary: StoredSession, versions: list[Version]) -> list[tuple[str, str]]:
+    """The texts a session has had, newest first: its own, then its versions (the live draft last)."""
+    now = [(f"current · {summary.model}", "current")]
+    return now + [(f"version {v.number} · {'live draft' if v.number == 1 and summary.source != 'file' else 'earlier'}"
+                   f" · {v.model} · {_when(v.made_at)}", str(v.number)) for v in reversed(versions)]
+
+
+def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store | None,
+                      recorder: Recorder | None = None, passes: Retranscriber | None = None) -> None:
     """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when selected;
-    `recorder` has the sessions' audio where it is kept."""
+    `recorder` has the sessions' audio where it is kept, `passes` transcribes it again."""
+    settings = service.settings
+    passes = passes or Retranscriber(service)
     gr.HTML(render_off(settings, store), elem_id="rt-history-note")
     with gr.Row():
         key = gr.Textbox(label="API key", type="password", visible=bool(settings.api_key and store is not None),
@@ -80,6 +95,12 @@ def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None, reco
             retitle = gr.Button("Rename", size="sm", elem_id="rt-history-rename", scale=1)
             delete = gr.Button("Delete", size="sm", variant="stop", elem_id="rt-history-delete", scale=1)
         downloads = gr.HTML("", elem_id="rt-history-downloads")
+        with gr.Row(visible=False, elem_id="rt-history-again-row") as again_row:
+            model = gr.Dropdown(passes.models(), value=passes.models()[0], label="Model", scale=2,
+                                elem_id="rt-history-model")
+            again = gr.Button("Transcribe again", size="sm", elem_id="rt-history-again", scale=1)
+        again_status = gr.HTML("", elem_id="rt-history-again-status")
+        version = gr.Dropdown([], label="Text", visible=False, elem_id="rt-history-version")
         text = gr.HTML("", elem_id="rt-history-text")
     if store is None:
         return
@@ -102,10 +123,37 @@ def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None, reco
     async def on_open(given: str | None, session_id: str | None) -> tuple[Any, ...]:
         found = await asyncio.to_thread(store.session, session_id) if session_id and allowed(given) else None
         if found is None:
-            return gr.update(visible=False), "", "", ""
+            return gr.update(visible=False), "", "", "", gr.update(visible=False), gr.update(visible=False), ""
         summary, entries = found
         links = render_downloads(list(entries), summary.language) + render_audio_link(settings, recorder, summary.id)
-        return gr.update(visible=True), summary.title or "", links, render_file_text(list(entries), {})
+        versions = await asyncio.to_thread(store.versions, summary.id)
+        kept = recorder is not None and recorder.audio_file(summary.id) is not None and summary.state != "live"
+        return (gr.update(visible=True), summary.title or "", links, render_file_text(list(entries), {}),
+                gr.update(visible=kept), gr.update(choices=version_choices(summary, versions), value="current",
+                                                  visible=bool(versions)), "")
+
+    async def on_version(given: str | None, session_id: str | None, number: str | None) -> str:
+        if not session_id or not allowed(given):
+            return ""
+        if number and number != "current":
+            kept = {str(v.number): v for v in await asyncio.to_thread(store.versions, session_id)}
+            return render_file_text(list(kept[number].entries), {}) if number in kept else ""
+        found = await asyncio.to_thread(store.session, session_id)
+        return render_file_text(list(found[1]), {}) if found else ""
+
+    async def on_again(given: str | None, session_id: str | None, chosen: str | None) -> tuple[Any, ...]:
+        if not session_id or not allowed(given):
+            return (gr.update(),) * 3 + ("",)
+        try:
+            number, summary, entries = await retranscribe(service, store, recorder, passes, session_id, chosen)
+        except APIError as exc:
+            return (gr.update(),) * 3 + (f'<span class="rt-error">{html.escape(exc.message)}</span>',)
+        versions = await asyncio.to_thread(store.versions, session_id)
+        links = render_downloads(list(entries), summary.language) + render_audio_link(settings, recorder, summary.id)
+        done = (f'<span class="rt-kept">transcribed again with {html.escape(summary.model)}; the text before is '
+                f"version {number}</span>")
+        return (links, render_file_text(list(entries), {}),
+                gr.update(choices=version_choices(summary, versions), value="current", visible=True), done)
 
     async def on_retitle(given: str | None, session_id: str | None, new: str | None,
                          q: str | None) -> dict[str, Any]:
@@ -121,7 +169,12 @@ def build_history_tab(tab: gr.Tab, settings: Settings, store: Store | None, reco
 
     for trigger in (tab.select, search.click, query.submit, key.submit):
         trigger(on_list, inputs=[key, query], outputs=[listing, opened], queue=False)
-    listing.input(on_open, inputs=[key, listing], outputs=[opened, title, downloads, text], queue=False)
+    listing.input(on_open, inputs=[key, listing],
+                  outputs=[opened, title, downloads, text, again_row, version, again_status], queue=False)
+    version.input(on_version, inputs=[key, listing, version], outputs=[text], queue=False)
+    again.click(lambda: '<span class="rt-progress-note">transcribing again…</span>', outputs=[again_status],
+                queue=False).then(on_again, inputs=[key, listing, model], outputs=[downloads, text, version,
+                                                                                     again_status])
     retitle.click(on_retitle, inputs=[key, listing, title, query], outputs=[listing], queue=False)
     title.submit(on_retitle, inputs=[key, listing, title, query], outputs=[listing], queue=False)
     delete.click(on_delete, inputs=[key, listing, query], outputs=[listing, opened], queue=False)

@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from ..config import Settings, parse_settings
 from ..live import transcript as fmt
+from ..live.retranscribe import Retranscriber
 from ..live.service import TranscriptionService
 from ..live.transcript import TranscriptSnapshot
 from ..store import AudioKeeper, Recorder, Store, data_dir, open_store
@@ -150,10 +151,12 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         use_secret(store.secret())
     turn = Turn(settings)
     transcripts = PageTranscripts(service)
+    recorder = service.history if isinstance(service.history, Recorder) else None
+    passes = Retranscriber(service)
+
     def history_tab() -> None:
         with gr.Tab("History", id="history", elem_id="rt-tab-history") as tab:
-            build_history_tab(tab, settings, store, service.history if isinstance(service.history, Recorder)
-                              else None)
+            build_history_tab(tab, service, store, recorder, passes)
 
     page, webrtc = build_page(service, turn, transcripts, history_tab)
     limits = SessionLimits(settings, service, webrtc)
@@ -176,6 +179,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
         if housekeeping is not None:
             housekeeping.cancel()
         await limits.stop()
+        await passes.close()
         await service.stop()
 
     app = FastAPI(title="realtime transcription", lifespan=lifespan)
@@ -275,8 +279,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
 
     app.middleware("http")(metrics.middleware)
     routers = [create_router(service, lane_hints=bool(settings.api_key)), create_realtime_router(service),
-               create_history_router(service, store, service.history if isinstance(service.history, Recorder)
-                                     else None)]
+               create_history_router(service, store, recorder, passes)]
     for router in routers:
         app.include_router(router)
     _refuse_other_methods(app, [*app.routes, *(r for router in routers for r in router.routes)])
