@@ -14,7 +14,8 @@ The default app (`python app.py --ice-loopback`, conftest.launch) and one browse
   final lines, the ICE pairs, the requests, a screenshot;
 - `drop`: the live view transcribing, then the app is killed: what the page says and what it keeps;
 - `history`: the app started again on the same data folder, twice: its History tab (search, open, retitle,
-  download, delete), and what the second restart still shows.
+  download, delete, a session transcribed again with base and its live draft read back), and what the second
+  restart still shows.
 The live scenario also records the language picker of the default (English-only) model. Beside them, in a thread
 of their own, each with its own browser, two more apps, launched at the start and used one after the other:
 - `language` (with `--language-mic`): an app on the multilingual base model (`--model base`) and a browser whose
@@ -325,10 +326,49 @@ def history_tab(page: Page, word: str, shots: Path | None) -> dict[str, Any]:
     return r
 
 
+TEXT = "() => document.querySelector('#rt-history-text')?.innerText ?? ''"
+
+
+def transcribe_again(page: Page) -> dict[str, Any]:
+    """In the History tab, the newest session not retitled whose audio is kept: its lines, then "Transcribe again"
+    with the default model (base): what the tab says, its lines after, and its live draft read back from the Text
+    menu."""
+    r: dict[str, Any] = {"without_audio": []}
+    labels = page.locator("#rt-history-list label")
+    for i in range(labels.count()):
+        label = labels.nth(i).inner_text().strip()
+        if "Weekly standup" in label:
+            continue
+        before = page.evaluate(TEXT)
+        labels.nth(i).click()
+        shows(page, f"(t) => ({TEXT})() !== t", 30, before)
+        if page.locator("#rt-history-again").is_visible():
+            r["session"] = label
+            break
+        r["without_audio"].append(label)
+    else:
+        return r
+    r["before"] = page.evaluate(LINES, "#rt-history-text")
+    page.locator("#rt-history-again").click()
+    shows(page, "() => (document.querySelector('#rt-history-again-status')?.innerText ?? '').includes('again with')",
+          300)
+    r["status"] = page.locator("#rt-history-again-status").inner_text().strip()
+    r["after"] = page.evaluate(LINES, "#rt-history-text")
+    menu = page.locator("#rt-history-version input").first
+    menu.click()
+    options = page.locator("ul[role=listbox] li")
+    r["versions"] = [o.strip() for o in options.all_inner_texts()]
+    before = page.evaluate(TEXT)
+    options.filter(has_text="live draft").first.click()
+    shows(page, f"(t) => ({TEXT})() !== t", 30, before)
+    r["draft"] = page.evaluate(LINES, "#rt-history-text")
+    return r
+
+
 def default_data(out: Path) -> dict[str, str]:
     """The default app's data folder, its own: the other apps (launched beside it in the same folder) keep theirs
-    apart, so that its History tab shows its sessions only."""
-    return {"REALTIME_DATA_DIR": str(out.parent / "default-data")}
+    apart, so that its History tab shows its sessions only; it keeps each session's audio (`--keep-audio`)."""
+    return {"REALTIME_DATA_DIR": str(out.parent / "default-data"), "REALTIME_KEEP_AUDIO": "1"}
 
 
 def history(p: Playwright, out: Path, word: str, shots: Path) -> dict[str, Any]:
@@ -364,6 +404,7 @@ def history(p: Playwright, out: Path, word: str, shots: Path) -> dict[str, Any]:
                 shows(page, "(gone) => ![...document.querySelectorAll('#rt-history-list label')].some("
                       "(l) => l.innerText.trim() === gone)", 30, seen["deleting"])
                 seen["deleted"] = page.evaluate(HISTORY)
+                seen["transcribed_again"] = transcribe_again(page)
             page.close()
             r[round_] = seen
         finally:

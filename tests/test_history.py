@@ -28,10 +28,14 @@ from live_peer import SETTLE_S, Peer
 
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.bench.corpus import compilation
+from realtime.config import Settings
+from realtime.engines.embedded import EmbeddedEngine
 from realtime.engines.types import Word
 from realtime.live.events import FinalEvent, PartialEvent
+from realtime.live.service import TranscriptionService
 from realtime.live.transcript import Entry
 from realtime.store import Recorder, SessionInfo, Store
+from realtime.web.ui import render_status
 
 from conftest import launch, stop
 from postgres import Postgres, binaries
@@ -268,8 +272,9 @@ def test_the_store_searches_and_finds_a_killed_writer_gone_but_not_a_running_one
 @pytest.mark.fast
 def test_a_database_that_goes_away_delays_nothing_and_loses_nothing(tmp_path):
     """PostgreSQL stopped under a live session's recorder: its finals still reach the client (after the wait), the
-    recorder reports the error and how many writes wait; the server back, they are all written, the error is gone,
-    and the instance holds its lock again (another instance does not take its session for interrupted)."""
+    recorder reports the error and how many writes wait, and the page's status says so; the server back, they are
+    all written, the error is gone (from the status too), and the instance holds its lock again (another instance
+    does not take its session for interrupted)."""
     pg = Postgres(tmp_path / "pg")
     try:
         store = Store(pg.url)
@@ -294,11 +299,16 @@ def test_a_database_that_goes_away_delays_nothing_and_loses_nothing(tmp_path):
         asyncio.run(run())
         assert [type(e).__name__ for e in got] == ["PartialEvent", "FinalEvent"] * 3
         assert recorder.error and recorder.behind >= 2, recorder.describe()
+        service = TranscriptionService(Settings(), engine=EmbeddedEngine())  # not loaded: the page's status only
+        service.history = recorder
+        status = render_status(service, None, None)
+        assert f"history not saved ({recorder.behind} writes waiting, retried)" in status, status
         pg.start()
         deadline = time.monotonic() + 60
         while recorder.behind or recorder.error:
             assert time.monotonic() < deadline, recorder.describe()
             time.sleep(0.1)
+        assert "history not saved" not in render_status(service, None, None)
         stored = store.session("s")
         assert stored and [e.text for e in stored[1]] == [f"sentence number {seg}" for seg in range(3)]
         other = Store(pg.url)  # the restarted server forgot this instance's lock; it holds it again: still live

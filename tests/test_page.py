@@ -267,9 +267,10 @@ def test_dropped_connection_is_reported_and_transcript_kept(run: tuple[Compilati
 def test_history_tab_after_a_kill_and_restarts(run: tuple[Compilation, str, dict[str, Any]]) -> None:
     """The default app killed (`drop`) and started again on its data folder: the History tab lists the sessions of
     before the kill (the killed one interrupted, the File tab's upload under its name), finds the live view's longest
-    word, opens the match with its timed lines and its srt, retitles it and deletes another session; after a second
-    restart the title and the deletion have stayed and the search, the opening and the download work again (issue
-    40)."""
+    word, opens the match with its timed lines and its srt, retitles it and deletes another session, transcribes a
+    session's kept audio again with base (the tab says so; the live draft is read back from its Text menu); after
+    a second restart the title and the deletion have stayed and the search, the opening and the download work again
+    (issue 40)."""
     r = run[2]
     h = _scenario(r, "history")
     live = _scenario(r, "live")
@@ -290,6 +291,13 @@ def test_history_tab_after_a_kill_and_restarts(run: tuple[Compilation, str, dict
     assert "Weekly standup" in again["searched"]["choices"][0], again["searched"]
     assert first["deleting"] not in again["listed"]["choices"], again["listed"]
     assert len(again["listed"]["choices"]) == len(first["listed"]["choices"]) - 1, (again, first)
+    # a session's kept audio transcribed again with base: the tab says so and keeps the live draft as a version
+    redo = first["transcribed_again"]
+    assert redo.get("session") and "base" in redo["status"], redo
+    assert [line["final"] for line in redo["draft"]] == [line["final"] for line in redo["before"]], redo
+    assert any("live draft" in v for v in redo["versions"]) and any("current" in v for v in redo["versions"]), redo
+    assert [line["final"] for line in redo["after"] if line["final"]], redo
+    assert all(UPLOAD not in label for label in [redo["session"]]), "an upload keeps no audio to transcribe again"
 
 
 def test_page_requests_stay_on_its_own_server(run: tuple[Compilation, str, dict[str, Any]]) -> None:
