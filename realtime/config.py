@@ -157,7 +157,8 @@ class Settings:
                                "~/.cache/realtime-transcription/hf-whisper)", default="")
     # -- history (realtime/store)
     history: bool = _opt("keep every live session's transcript in a database (--no-history: nothing on disk, "
-                         "transcripts in memory until they age out)", default=True)
+                         "transcripts in memory until they age out; on a Space, off unless --api-key is set)",
+                         default=True)
     data_dir: str = _opt("folder of the history's SQLite database (empty: ~/.local/share/realtime-transcription; on a "
                          "Space, /data when persistent storage is attached, else no history)", default="")
     database_url: str = _opt("database of the history instead of the data folder's SQLite: postgresql://user@host/db "
@@ -253,6 +254,9 @@ def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None
             values[f.name] = given if isinstance(given, bool) else _convert(f, str(given))
         elif env_name(f.name) in environ:
             values[f.name] = _convert(f, environ[env_name(f.name)])
+    if values.get("space_id") and not values.get("api_key"):
+        # a public demo: without a key every visitor could read every session in the History tab
+        values.setdefault("history", False)
     settings = Settings(**values)
     settings.vad_config()  # validates
     return settings

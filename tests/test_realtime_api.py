@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import random
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,11 +34,10 @@ from live_peer import Peer
 from openai import AsyncOpenAI
 
 from realtime.audio import SAMPLE_RATE, decode_file, wav_bytes
-from realtime.bench.corpus import random_compilation
 from realtime.web.realtime_api.protocol import ALAW, LOGPROBS, ULAW, remainder
 
 from conftest import App, launch, stop
-from real_speech import Clip, clips, compilation, corpus_wer, loops
+from real_speech import Clip, clips, compilation, corpus_wer, loops, lost_runs
 
 pytest_plugins = ["live_apps"]
 
@@ -69,10 +67,6 @@ PICKED_G711 = ["librivox-sense-and-sensibility-01-0880.flac", "ljspeech-LJ001-00
 PICKED_MANUAL = ["speechbrain-spk1_snt3.flac", "librispeech-61-70968-0000.flac"]
 PICKED_WEBRTC = ["speechbrain-spk1_snt4.flac", "librivox-sense-and-sensibility-01-0930.flac",
                  "ljspeech-LJ001-0006.flac"]
-RETRANSCRIBE_MARGIN = 0.05
-"""How far a retranscription's WER may lie above its live draft's on one compilation: on eight random compilations
-base was better on each (docs/performance.md), but one draw of ten easy clips had base 2.9 points behind (a
-TIMIT sentence misread). A pass that lost a sentence would lie far above."""
 DELTAS_CLIP = "librispeech-1089-134691-0001.flac"
 """5.4 s of read speech: several partials while it is spoken."""
 
@@ -370,7 +364,8 @@ def test_live_pcm24k_real_speech(keyed_app, readings, tmp_path):
     """Six real utterances with pauses, 24 kHz PCM16 appended faster than real time: per utterance speech_started,
     speech_stopped, committed, deltas then completed; completed text within WER_MARGIN of the file reading of the
     same clips. The session asks for log-probabilities (issue 41): each delta's tokens spell its words, and the
-    completed event's are the deltas' in order, which spell its transcript."""
+    completed event's are the deltas' in order, which spell its transcript. Then its kept audio is transcribed
+    again (`transcribed_again`)."""
     picked = pick(PICKED)
     comp = compilation(picked, tmp_path / "live.wav")
     rec = run(live_session(keyed_app, decode_file(comp.path), "audio/pcm", include=[LOGPROBS]))
@@ -396,6 +391,35 @@ def test_live_pcm24k_real_speech(keyed_app, readings, tmp_path):
         print(f"  ref: {r}\n  live: {h}\n  file: {f}")
     assert live_wer <= file_wer + WER_MARGIN
     assert not loops(live)
+    transcribed_again(keyed_app, rec.of("session.created")[0].session.id, " ".join(refs))
+
+
+def transcribed_again(app: App, sid: str, reference: str) -> None:
+    """Issue 40: the session's audio was kept (`--keep-audio`); `POST /v1/transcripts/{id}/retranscribe` with the
+    multilingual base replaces its live draft (tiny.en), which reads back as version 1, and the downloads give the
+    new text, which loses no stretch of the reference (`lost_runs`); a model the app does not offer is refused. The
+    WERs are printed, not compared: base reads random compilations of every condition better (`python -m realtime
+    bench retranscribe`, docs/performance.md), but not these six clean clips (a TIMIT sentence it misreads)."""
+    no_sessions(app)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    draft = httpx.get(f"{app.url}/v1/transcripts/{sid}", headers=auth).json()
+    assert draft["state"] == "ended" and draft["versions"] == [], draft
+    r = httpx.post(f"{app.url}/v1/transcripts/{sid}/retranscribe", headers=auth, json={"model": "small.en"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_offered", r.text
+    r = httpx.post(f"{app.url}/v1/transcripts/{sid}/retranscribe", headers=auth, json={"model": "base"}, timeout=600)
+    assert r.status_code == 200, r.text
+    again = r.json()
+    assert again["replaced_version"] == 1 and again["model"].startswith("base"), again
+    assert [v["version"] for v in again["versions"]] == [1] and again["versions"][0]["model"] == draft["model"]
+    version = httpx.get(f"{app.url}/v1/transcripts/{sid}/versions/1", headers=auth).json()
+    assert version["text"] == draft["text"] and version["segments"] == draft["segments"], version
+    assert httpx.get(f"{app.url}/v1/transcripts/{sid}", headers=auth).json()["text"] == again["text"]
+    srt = httpx.get(f"{app.url}/transcript/{sid}.srt", headers=auth)
+    assert srt.status_code == 200 and again["segments"][-1]["text"].strip() in srt.text.replace("\n", " ")
+    draft_wer, new_wer = corpus_wer([reference], [draft["text"]]), corpus_wer([reference], [again["text"]])
+    print(f"kept audio transcribed again: live draft (tiny.en) WER {100 * draft_wer:.2f} %, base "
+          f"{100 * new_wer:.2f} %\n  draft: {draft['text']}\n  again: {again['text']}")
+    assert not lost_runs(reference, again["text"]), lost_runs(reference, again["text"])
 
 
 def test_deltas_flow_while_the_person_speaks(engine):
@@ -981,37 +1005,3 @@ def test_per_client_caps_on_the_realtime_routes(tmp_path):
     finally:
         stop(app)
 
-
-def test_a_kept_session_transcribed_again_with_base_replaces_its_live_draft(keyed_app, tmp_path, record_property):
-    """Issue 40: a live session's audio kept (`--keep-audio`), then `POST /v1/transcripts/{id}/retranscribe` with
-    the multilingual base: the new text replaces the live draft (tiny.en), which is kept as version 1, and the
-    downloads give the new text. A random compilation of the real clips (seed printed); the new text's WER is
-    printed beside the draft's and may not lie above it by more than RETRANSCRIBE_MARGIN (that base reads better
-    is measured over many compilations: `python -m realtime bench retranscribe`, docs/performance.md)."""
-    seed = random.randrange(1_000_000)
-    record_property("random seeds", f"compilation {seed}")
-    comp = random_compilation(clips(longest=40.0), tmp_path / "kept.wav", seed, count=(4, 6))
-    rec = run(live_session(keyed_app, decode_file(comp.path), "audio/pcm"))
-    sid = rec.of("session.created")[0].session.id
-    no_sessions(keyed_app)
-    auth = {"Authorization": f"Bearer {KEY}"}
-    draft = httpx.get(f"{keyed_app.url}/v1/transcripts/{sid}", headers=auth).json()
-    assert draft["state"] == "ended" and draft["versions"] == [], draft
-    r = httpx.post(f"{keyed_app.url}/v1/transcripts/{sid}/retranscribe", headers=auth, json={"model": "small.en"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_offered", r.text
-    r = httpx.post(f"{keyed_app.url}/v1/transcripts/{sid}/retranscribe", headers=auth, json={"model": "base"},
-                   timeout=600)
-    assert r.status_code == 200, r.text
-    again = r.json()
-    assert again["replaced_version"] == 1 and again["model"].startswith("base"), again
-    assert [v["version"] for v in again["versions"]] == [1] and again["versions"][0]["model"] == draft["model"]
-    version = httpx.get(f"{keyed_app.url}/v1/transcripts/{sid}/versions/1", headers=auth).json()
-    assert version["text"] == draft["text"] and version["segments"] == draft["segments"], version
-    assert httpx.get(f"{keyed_app.url}/v1/transcripts/{sid}", headers=auth).json()["text"] == again["text"]
-    srt = httpx.get(f"{keyed_app.url}/transcript/{sid}.srt", headers=auth)
-    assert srt.status_code == 200 and again["segments"][-1]["text"].strip() in srt.text.replace("\n", " ")
-    reference = " ".join(comp.texts)
-    draft_wer, new_wer = corpus_wer([reference], [draft["text"]]), corpus_wer([reference], [again["text"]])
-    print(f"\nseed {seed}: live draft (tiny.en) WER {100 * draft_wer:.2f} %, base again {100 * new_wer:.2f} %")
-    print(f"  ref:   {reference}\n  draft: {draft['text']}\n  again: {again['text']}")
-    assert new_wer <= draft_wer + RETRANSCRIBE_MARGIN, f"seed {seed}"

@@ -167,6 +167,14 @@ def test_space_variables_map_onto_settings() -> None:
                                 "REALTIME_HF_TOKEN": "mine"})
     assert s.host == "127.0.0.1" and s.hf_token == "mine"
     assert space_environ({"HF_TOKEN": ""}) == {"HF_TOKEN": ""}  # an empty Space secret sets nothing
+    # a public Space keeps no history unless it has a key (every visitor could read every session), or is told to
+    assert not s.history and local.history
+    from realtime.web.history_tab import render_off
+
+    assert "REALTIME_API_KEY" in render_off(s, None) and "--no-history" not in render_off(s, None)
+    assert from_namespace(argparse.Namespace(), environ={**SPACE_ENV, "REALTIME_API_KEY": "k"}).history
+    assert from_namespace(argparse.Namespace(), environ={**SPACE_ENV, "REALTIME_HISTORY": "true"}).history
+    assert from_namespace(parser.parse_args(["--api-key", "k"]), environ=SPACE_ENV).history
 
 
 @pytest.mark.fast

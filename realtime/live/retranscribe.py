@@ -38,7 +38,6 @@ class Pass:
     entries: tuple[Entry, ...]
     engine: str
     model: str
-    duration: float
 
 
 def _speaker(entry: Entry, old: Sequence[Entry]) -> str | None:
@@ -70,11 +69,13 @@ class Retranscriber:
     def served(self) -> str:
         return str(self.service.engine.describe().get("model") or self.settings.model or "")
 
+    def _served(self, model: str) -> bool:
+        return model in {self.served, self.settings.model, "whisper-1"} - {"", None}
+
     def models(self) -> list[str]:
         """The models a pass may use: `--retranscribe-model` (the default) and the served one."""
         extra = self.settings.retranscribe_model
-        return [m for m in (extra, self.served) if m] if extra not in ("", self.served, self.settings.model) \
-            else [self.served]
+        return [extra, self.served] if extra and not self._served(extra) else [self.served]
 
     @property
     def busy(self) -> bool:
@@ -82,7 +83,7 @@ class Retranscriber:
 
     async def _worker(self, model: str | None) -> Worker:
         chosen = model or self.models()[0]
-        if chosen in {self.served, self.settings.model, "whisper-1"} - {""}:
+        if self._served(chosen):
             return self.service.file_worker()
         if chosen != self.settings.retranscribe_model:
             raise ModelUnavailable(f"this app retranscribes with {' or '.join(self.models())}, not {chosen!r}",
@@ -128,7 +129,7 @@ class Retranscriber:
                 entries = [replace(e, speaker=_speaker(e, old)) for e in entries]
             described = engine.describe()
             return Pass(tuple(entries), str(described.get("engine", engine.name)),
-                        str(described.get("model") or model or ""), segments.duration)
+                        str(described.get("model") or model or ""))
 
     async def close(self) -> None:
         if self._extra is not None:

@@ -52,7 +52,13 @@ def render_off(settings: Settings, store: Store | None) -> str:
         where = {"sqlite": "in this server's data folder", "postgresql": "in PostgreSQL"}.get(store.dialect, "")
         return (f'<p class="rt-history-note">Every session is kept {where}; search the words said, open one to read '
                 "it, rename, download or delete it.</p>")
-    why = "this Space has no persistent storage" if settings.space_id else "the app was started with --no-history"
+    if settings.space_id and not settings.history and not settings.api_key:
+        why = ("this Space keeps none without an API key (REALTIME_API_KEY), or every visitor could read every "
+               "session")
+    elif settings.space_id:
+        why = "this Space has no persistent storage" if settings.history else "REALTIME_HISTORY is false"
+    else:
+        why = "the app was started with --no-history"
     return (f'<p class="rt-history-note">No history: {why}. Transcripts are kept in memory until they age out; '
             "download them from the Live tab.</p>")
 
