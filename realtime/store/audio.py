@@ -23,6 +23,8 @@ CHUNK_S = 0.25
 """Audio handed to the encoder at a time, and the Ogg page's length."""
 BUFFER_BYTES = 1024
 """What the muxer holds before it writes (a quarter of a second of Opus)."""
+LAG_S = 2 * CHUNK_S + 0.1
+"""How far the file may be behind the audio heard: a chunk gathering, a page filling, the encoder's look-ahead."""
 
 
 def audio_path(folder: Path, session_id: str) -> Path:
