@@ -163,7 +163,7 @@ class Settings:
                          "Space, /data when persistent storage is attached, else no history)", default="")
     database_url: str = _opt("database of the history instead of the data folder's SQLite: postgresql://user@host/db "
                              "(instances sharing one share the history)", default="")
-    keep_audio: bool = _opt("keep each live session's audio (Ogg Opus) beside its transcript, in the data folder",
+    keep_audio: bool = _opt("keep each session's audio (Ogg Opus) beside its transcript, in the data folder",
                             default=False)
     keep_days: float = _opt("delete sessions older than this many days (0: keep all)", default=0.0)
     retranscribe_model: str = _opt("model that retranscribing a kept session (--keep-audio) loads and uses unless the "

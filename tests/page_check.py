@@ -331,8 +331,8 @@ TEXT = "() => document.querySelector('#rt-history-text')?.innerText ?? ''"
 
 def transcribe_again(page: Page) -> dict[str, Any]:
     """In the History tab, the newest session not retitled whose audio is kept: its lines, then "Transcribe again"
-    with the default model (base): what the tab says, its lines after, and its live draft read back from the Text
-    menu."""
+    with the default model (base): what the tab says, its lines after, and its first text (version 1: the live draft,
+    or an upload's first reading) read back from the Text menu."""
     r: dict[str, Any] = {"without_audio": []}
     labels = page.locator("#rt-history-list label")
     for i in range(labels.count()):
@@ -359,7 +359,7 @@ def transcribe_again(page: Page) -> dict[str, Any]:
     options = page.locator("ul[role=listbox] li")
     r["versions"] = [o.strip() for o in options.all_inner_texts()]
     before = page.evaluate(TEXT)
-    options.filter(has_text="live draft").first.click()
+    options.filter(has_text="version 1").first.click()
     shows(page, f"(t) => ({TEXT})() !== t", 30, before)
     r["draft"] = page.evaluate(LINES, "#rt-history-text")
     return r

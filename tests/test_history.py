@@ -345,7 +345,7 @@ def test_where_the_history_is_kept(tmp_path, monkeypatch):
 def test_kept_audio_is_on_disk_as_it_arrives_and_whole_at_the_end(tmp_path):
     """`--keep-audio`'s files: a real clip fed in 20 ms frames as a session gets it; while it is being fed, the file
     on disk decodes to within a second of what was fed (what a crash leaves); ended, to all of it. A client's
-    session id does not choose the file's path."""
+    session id does not choose the file's path. An upload saved with its file keeps all of its audio."""
     from realtime.store import AudioKeeper
 
     from real_speech import clips
@@ -365,8 +365,14 @@ def test_kept_audio_is_on_disk_as_it_arrives_and_whole_at_the_end(tmp_path):
     for i in range(half, audio.size, 320):
         hear(audio[i:i + 320])
     keeper.end("../../escape")
-    keeper.close()
+    # an upload kept with its transcript (the File tab, the API's store=true): its whole audio
+    recorder = Recorder(Store(f"sqlite:///{tmp_path / 'h.sqlite3'}"), audio=keeper)
+    kept = recorder.save("file", [_entry(0, "an upload")], audio.size / SAMPLE_RATE, None, "clip.flac",
+                         clips()[0].path)
+    recorder.close()
     assert decode_file(path).size / SAMPLE_RATE == pytest.approx(audio.size / SAMPLE_RATE, abs=0.05)
+    upload = recorder.audio_file(kept)
+    assert upload and decode_file(upload).size / SAMPLE_RATE == pytest.approx(audio.size / SAMPLE_RATE, abs=0.05)
 
 
 @pytest.mark.fast

@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -69,8 +70,9 @@ class History(Protocol):
         """Mark the sessions of processes that ended without closing them as interrupted; how many."""
 
     def save(self, source: str, entries: list[Entry], duration: float, language: str | None = None,
-             title: str | None = None) -> str:
-        """Keep a finished transcription (a file, an API request) as an ended session; its id."""
+             title: str | None = None, audio: Path | None = None) -> str:
+        """Keep a finished transcription (a file, an API request) as an ended session, with its `audio` file where
+        sessions' audio is kept; its id."""
 
     def close(self) -> None: ...
 

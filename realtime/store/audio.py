@@ -1,4 +1,5 @@
-"""Each live session's audio kept beside its transcript (`--keep-audio`): Ogg Opus, written as it arrives.
+"""Each session's audio kept beside its transcript (`--keep-audio`): Ogg Opus, written as it arrives (an upload's
+once it is transcribed).
 
 The file grows by a page at a time, a fraction of a second each, so a process killed mid-session leaves its audio
 up to about that moment, decodable. Files are named by a hash of the session id (ids come from clients). Encoding
@@ -102,6 +103,20 @@ class AudioKeeper:
                 file.close()
         except Exception:  # a full disk: the transcript goes on without its audio
             log.exception("the audio of session %s could not be kept", session_id)
+
+    def keep_file(self, session_id: str, path: Path) -> None:
+        """A recording's audio (an upload) kept as a session's: decoded now, encoded on the keeper's thread."""
+        from ..audio import AudioDecodeError, decode_file
+
+        try:
+            audio = decode_file(path)
+        except (AudioDecodeError, OSError) as exc:
+            log.warning("the audio of session %s could not be kept: %s", session_id, exc)
+            return
+        step = int(CHUNK_S * SAMPLE_RATE) * 40
+        for start in range(0, audio.size, step):
+            self._pool.submit(self._write, session_id, audio[start:start + step])
+        self._pool.submit(self._write, session_id, None)
 
     def end(self, session_id: str) -> None:
         buffer = self._buffers.pop(session_id, None)

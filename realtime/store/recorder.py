@@ -144,10 +144,12 @@ class Recorder:
         return self.store.recover()
 
     def save(self, source: str, entries: list[Entry], duration: float, language: str | None = None,
-             title: str | None = None) -> str:
+             title: str | None = None, audio: Path | None = None) -> str:
         session_id = f"{source}_{uuid.uuid4().hex[:16]}"
         info = SessionInfo(session_id, source, self.engine, self.model, language or self.language)
         self.store.save(info, entries, duration, title)
+        if audio is not None and self.audio is not None:
+            self.audio.keep_file(session_id, audio)
         return session_id
 
     def close(self, timeout: float = 10.0) -> None:

@@ -256,14 +256,14 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         text = " ".join(e.text for e in entries)
         response = answer(params, task, entries, decoded, words, text, language, segments.duration, options)
         if params.store:
-            response.headers["X-Transcript-Id"] = await keep(entries, segments.duration, language)
+            response.headers["X-Transcript-Id"] = await keep(entries, segments.duration, language, path)
         return response
 
-    async def keep(entries: list[Entry], duration: float, language: str | None) -> str:
+    async def keep(entries: list[Entry], duration: float, language: str | None, path: Path) -> str:
         history = service.history
         assert history is not None  # checked before the upload was read
         try:
-            return await asyncio.to_thread(history.save, "api", entries, duration, language)
+            return await asyncio.to_thread(history.save, "api", entries, duration, language, None, path)
         except Exception as exc:
             raise APIError(503, f"the transcript could not be kept: {exc}", "history_unavailable",
                            kind="server_error") from None

@@ -76,8 +76,9 @@ def render_audio_link(settings: Settings, recorder: Recorder | None, session_id:
 def version_choices(summary: StoredSession, versions: list[Version]) -> list[tuple[str, str]]:
     """The texts a session has had, newest first: its own, then its versions (the live draft last)."""
     now = [(f"current · {summary.model}", "current")]
-    return now + [(f"version {v.number} · {'live draft' if v.number == 1 and summary.source != 'file' else 'earlier'}"
-                   f" · {v.model} · {_when(v.made_at)}", str(v.number)) for v in reversed(versions)]
+    live = summary.source in ("webrtc", "realtime")
+    return now + [(f"version {v.number} · {'live draft' if v.number == 1 and live else 'earlier'} · {v.model} · "
+                   f"{_when(v.made_at)}", str(v.number)) for v in reversed(versions)]
 
 
 def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store | None,

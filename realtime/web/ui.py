@@ -278,7 +278,7 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
     if service.history is not None and entries:
         try:
             await asyncio.to_thread(service.history.save, "file", entries, max(covered, duration or 0),
-                                    language, Path(path).name)
+                                    language, Path(path).name, Path(path))
             kept = ' <span class="rt-kept">kept in the History tab</span>'
         except Exception as exc:
             kept = f' <span class="rt-error">not kept in the history: {html.escape(str(exc))}</span>'
