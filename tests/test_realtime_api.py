@@ -397,7 +397,8 @@ def test_live_pcm24k_real_speech(keyed_app, readings, tmp_path):
 def transcribed_again(app: App, sid: str, reference: str) -> None:
     """Issue 40: the session's audio was kept (`--keep-audio`); `POST /v1/transcripts/{id}/retranscribe` with the
     multilingual base replaces its live draft (tiny.en), which reads back as version 1, and the downloads give the
-    new text, which loses no stretch of the reference (`lost_runs`); a model the app does not offer is refused. The
+    new text, which loses no stretch of the reference (`lost_runs`); a model the app does not offer and a language
+    the model does not speak are refused, the text unchanged. The
     WERs are printed, not compared: base reads random compilations of every condition better (`python -m realtime
     bench retranscribe`, docs/performance.md), but not these six clean clips (a TIMIT sentence it misreads)."""
     no_sessions(app)
@@ -413,7 +414,10 @@ def transcribed_again(app: App, sid: str, reference: str) -> None:
     assert [v["version"] for v in again["versions"]] == [1] and again["versions"][0]["model"] == draft["model"]
     version = httpx.get(f"{app.url}/v1/transcripts/{sid}/versions/1", headers=auth).json()
     assert version["text"] == draft["text"] and version["segments"] == draft["segments"], version
-    assert httpx.get(f"{app.url}/v1/transcripts/{sid}", headers=auth).json()["text"] == again["text"]
+    r = httpx.post(f"{app.url}/v1/transcripts/{sid}/retranscribe", headers=auth, json={"language": "xx"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_language", r.text
+    now = httpx.get(f"{app.url}/v1/transcripts/{sid}", headers=auth).json()
+    assert now["text"] == again["text"] and len(now["versions"]) == 1, now
     srt = httpx.get(f"{app.url}/transcript/{sid}.srt", headers=auth)
     assert srt.status_code == 200 and again["segments"][-1]["text"].strip() in srt.text.replace("\n", " ")
     draft_wer, new_wer = corpus_wer([reference], [draft["text"]]), corpus_wer([reference], [again["text"]])

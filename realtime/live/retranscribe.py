@@ -31,6 +31,10 @@ class ModelUnavailable(Exception):
         self.offered = offered
 
 
+class UnsupportedLanguage(ValueError):
+    """The language asked for is not one the chosen model speaks."""
+
+
 @dataclass(frozen=True)
 class Pass:
     """What a pass made: the new entries and who made them."""
@@ -77,10 +81,6 @@ class Retranscriber:
         extra = self.settings.retranscribe_model
         return [extra, self.served] if extra and not self._served(extra) else [self.served]
 
-    @property
-    def busy(self) -> bool:
-        return self._one.locked()
-
     async def _worker(self, model: str | None) -> Worker:
         chosen = model or self.models()[0]
         if self._served(chosen):
@@ -107,10 +107,13 @@ class Retranscriber:
     async def run(self, audio: Path, old: Sequence[Entry], model: str | None = None,
                   language: str | None = None) -> Pass:
         """The kept `audio` transcribed again with `model` (None: the first of `models()`), in `language` (None:
-        detected), its lines labelled with `old`'s speakers."""
+        the old text's, else detected), its lines labelled with `old`'s speakers. Raises ModelUnavailable,
+        UnsupportedLanguage, or the pass's own error."""
         async with self._one:
             worker = await self._worker(model)
             engine = worker.engine
+            if language is not None and language not in (engine.languages or (language,)):
+                raise UnsupportedLanguage(f"the model {engine.describe().get('model')} does not speak {language!r}")
             if not engine.multilingual:
                 language = "en"
             elif language is None:  # the language the old text was in, where it says

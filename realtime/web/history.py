@@ -26,7 +26,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from ..audio import AudioDecodeError
 from ..live import transcript as fmt
-from ..live.retranscribe import ModelUnavailable, Retranscriber
+from ..live.retranscribe import ModelUnavailable, Retranscriber, UnsupportedLanguage
 from ..live.service import TranscriptionService
 from ..live.transcript import Entry
 from ..store import Recorder, Store, StoredSession
@@ -60,6 +60,8 @@ async def retranscribe(service: TranscriptionService, history: Store, recorder: 
         if not exc.offered:
             raise APIError(400, str(exc), "model_not_offered") from None
         raise APIError(503, str(exc), "model_unavailable", kind="server_error") from None
+    except UnsupportedLanguage as exc:
+        raise APIError(400, str(exc), "unsupported_language") from None
     except AudioDecodeError as exc:
         raise APIError(422, f"the kept audio does not decode: {exc}", "undecodable_audio") from None
     except Exception as exc:
