@@ -437,7 +437,10 @@ def test_long_file_in_order_with_bounded_memory(api, speech, speech_dir, tmp_pat
     assert doc["duration"] == pytest.approx(minutes * 60, abs=0.1)
     assert_timed(doc["segments"], [(t, t + 2.0) for t in at])  # sentences minutes apart, in one window
     assert wer(" ".join(at.values()), doc["text"]) <= 0.2
-    assert mem["growth"] < short_mem["growth"] + whole_48k / 24, (longs, shorts)  # < 9 MB more than 15 s
+    # under half of a decoded 16 kHz mono copy (37 MB) more than 15 s: one sample's noise on a busy machine reaches
+    # 13 MB (a fresh-clone run at da7e038: the long file +82.8 MB at least, the short one +71.5 MB at most; alone
+    # here +77 to +80 against +77 to +78), so the 9 MB this allowed before failed with nothing wrong
+    assert mem["growth"] < short_mem["growth"] + whole_48k / 12, (longs, shorts)
 
 
 # -- the key, overload and an engine that is down: an app whose engine is a remote endpoint we control
