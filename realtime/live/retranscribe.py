@@ -9,6 +9,7 @@ of its time), so names given to speakers stay. A pass that fails changes nothing
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from ..engines import EngineError, TranscribeOptions
 from .service import TranscriptionService
-from .transcribe import SegmentStream, timed_entries, transcribe_results, window_parts
+from .transcribe import timed_entries, transcribe_results
 from .transcript import Entry
 from .worker import Worker
 
@@ -94,8 +95,8 @@ class Retranscriber:
 
                 s = self.settings
                 try:
-                    engine = EmbeddedEngine(model=chosen, compute_type=s.retranscribe_compute_type, device=s.device,
-                                            cpu_threads=s.cpu_threads, beam_size=s.beam_size)
+                    engine = EmbeddedEngine.from_settings(dataclasses.replace(
+                        s, model=chosen, compute_type=s.retranscribe_compute_type, language=None))
                     await engine.start()
                 except (EngineError, OSError, RuntimeError, ValueError) as exc:
                     raise ModelUnavailable(f"the model {chosen} could not be loaded: {exc}") from exc
@@ -120,11 +121,10 @@ class Retranscriber:
                 languages = [e.language for e in old if e.language]
                 language = max(set(languages), key=languages.count) if languages else None
             window = (self.settings.file_window_s or None) if engine.timestamps else None
-            segments = SegmentStream(audio, self.settings.vad_config(), window_s=window,
-                                     max_parts=window_parts(engine))
             options = TranscribeOptions(language=language, timestamps=bool(engine.timestamps))
             entries: list[Entry] = []
-            async for end, result in transcribe_results(audio, worker, options=options, stream=segments):
+            async for end, result in transcribe_results(audio, worker, self.settings.vad_config(), options,
+                                                        window_s=window):
                 if isinstance(result, BaseException):
                     raise result
                 entries += [e for e in timed_entries(end, result, len(entries)) if e.text]

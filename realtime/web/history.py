@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -40,6 +41,14 @@ def unknown(session_id: str) -> APIError:
     return APIError(404, f"no transcript {session_id}", "unknown_transcript")
 
 
+def kept_audio(recorder: Recorder | None, session_id: str) -> Path:
+    """The session's kept audio file; 404 `no_audio` where there is none."""
+    path = recorder.audio_file(session_id) if recorder is not None else None
+    if path is None:
+        raise APIError(404, f"no audio kept for {session_id} (the app keeps it with --keep-audio)", "no_audio")
+    return path
+
+
 async def retranscribe(service: TranscriptionService, history: Store, recorder: Recorder | None,
                        passes: Retranscriber, session_id: str, model: str | None = None,
                        language: str | None = None) -> tuple[int, StoredSession, tuple[Entry, ...]]:
@@ -51,9 +60,7 @@ async def retranscribe(service: TranscriptionService, history: Store, recorder: 
         raise unknown(session_id)
     if found[0].state == "live" or session_id in service.sessions:
         raise APIError(409, f"session {session_id} is live; retranscribe it once it has ended", "session_live")
-    path = recorder.audio_file(session_id) if recorder is not None else None
-    if path is None:
-        raise APIError(404, f"no audio kept for {session_id} (the app keeps it with --keep-audio)", "no_audio")
+    path = kept_audio(recorder, session_id)
     try:
         made = await passes.run(path, found[1], model, language or None)
     except ModelUnavailable as exc:
@@ -181,11 +188,8 @@ def create_history_router(service: TranscriptionService, history: Store | None,
         async def run() -> Response:
             check_session(request, session_id)
             store()
-            path = recorder.audio_file(session_id) if recorder is not None else None
-            if path is None:
-                raise APIError(404, f"no audio kept for {session_id} (the app keeps it with --keep-audio)",
-                               "no_audio")
-            return FileResponse(path, media_type="audio/ogg", filename=f"{session_id}.ogg")
+            return FileResponse(kept_audio(recorder, session_id), media_type="audio/ogg",
+                                filename=f"{session_id}.ogg")
         return await guarded(run)
 
     @router.patch("/v1/transcripts/{session_id}", include_in_schema=False)

@@ -17,6 +17,7 @@ import gradio as gr
 from ..config import Settings
 from ..live.retranscribe import Retranscriber
 from ..live.service import TranscriptionService
+from ..live.transcript import Entry
 from ..store import Recorder, Store, StoredSession, Version
 from .access import is_key, session_token
 from .api_fields import APIError
@@ -112,6 +113,10 @@ def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store |
     if store is None:
         return
 
+    def links(summary: StoredSession, entries: tuple[Entry, ...]) -> str:
+        """The four downloads of a session's text, and its audio where it is kept."""
+        return render_downloads(list(entries), summary.language) + render_audio_link(settings, recorder, summary.id)
+
     def allowed(given: str | None) -> bool:
         return not settings.api_key or is_key(given or "", settings.api_key)
 
@@ -132,12 +137,11 @@ def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store |
         if found is None:
             return gr.update(visible=False), "", "", "", gr.update(visible=False), gr.update(visible=False), ""
         summary, entries = found
-        links = render_downloads(list(entries), summary.language) + render_audio_link(settings, recorder, summary.id)
         versions = await asyncio.to_thread(store.versions, summary.id)
         kept = recorder is not None and recorder.audio_file(summary.id) is not None and summary.state != "live"
-        return (gr.update(visible=True), summary.title or "", links, render_file_text(list(entries), {}),
-                gr.update(visible=kept), gr.update(choices=version_choices(summary, versions), value="current",
-                                                  visible=bool(versions)), "")
+        return (gr.update(visible=True), summary.title or "", links(summary, entries),
+                render_file_text(list(entries), {}), gr.update(visible=kept),
+                gr.update(choices=version_choices(summary, versions), value="current", visible=bool(versions)), "")
 
     async def on_version(given: str | None, session_id: str | None, number: str | None) -> str:
         if not session_id or not allowed(given):
@@ -156,10 +160,9 @@ def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store |
         except APIError as exc:
             return (gr.update(),) * 3 + (f'<span class="rt-error">{html.escape(exc.message)}</span>',)
         versions = await asyncio.to_thread(store.versions, session_id)
-        links = render_downloads(list(entries), summary.language) + render_audio_link(settings, recorder, summary.id)
         done = (f'<span class="rt-kept">transcribed again with {html.escape(summary.model)}; the text before is '
                 f"version {number}</span>")
-        return (links, render_file_text(list(entries), {}),
+        return (links(summary, entries), render_file_text(list(entries), {}),
                 gr.update(choices=version_choices(summary, versions), value="current", visible=True), done)
 
     async def on_retitle(given: str | None, session_id: str | None, new: str | None,
