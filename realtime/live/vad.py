@@ -1,7 +1,8 @@
 """Streaming voice activity detection: Silero VAD probabilities turned into speech segments.
 
 `SileroVAD` runs the ONNX model shipped inside the `silero-vad` wheel (no hub download) on 512-sample
-windows at 16 kHz; one model serves every session, each session keeps its own recurrent state.
+windows at 16 kHz, a run of consecutive windows per call (its sequence export, bit-exact with the window-at-a-time
+model); one model serves every session, each session keeps its own recurrent state.
 `Segmenter` turns the per-window probabilities into `SegmentStart` / `SegmentEnd` events with
 hysteresis, minimum speech and silence, padding and a forced split at the quietest point.
 """
@@ -28,6 +29,8 @@ LEVEL_FLOOR = 1e-3
 LEVEL_MAX_GAIN = 30.0
 LEVEL_HALF_LIFE_S = 5.0
 _CONTEXT = 64
+_BLOCK = 512
+"""Most windows the model reads in one call (a file is read in long chunks; live audio a window at a time)."""
 FAINT_THRESHOLD = 0.1
 """A file's windows this likely to be speech, outside every segment, are faint speech (`Segmenter(faint=True)`):
 Silero may give a falsetto or creaky voice no more than this, where noise gets less."""
@@ -61,7 +64,7 @@ def _silero_model_path() -> Path:
     spec = importlib.util.find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the silero-vad package is not installed (pip install silero-vad)")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad_16k_op15.onnx"
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad_16k_sequence.onnx"
 
 
 class SileroVAD:
@@ -80,7 +83,6 @@ class SileroVAD:
         self._session = onnxruntime.InferenceSession(
             str(path or _silero_model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
         )
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
 
     @classmethod
     def shared(cls) -> SileroVAD:
@@ -92,22 +94,27 @@ class SileroVAD:
     def new_state(self) -> VADState:
         return VADState()
 
-    def __call__(self, window: np.ndarray, state: VADState) -> float:
-        """Speech probability of one 512-sample window; updates `state` in place."""
-        x = np.concatenate([state.context, window]).reshape(1, -1).astype(np.float32, copy=False)
-        out, new_state = self._session.run(None, {"input": x, "state": state.rnn, "sr": self._sr})
-        state.rnn = new_state
-        state.context = window[-_CONTEXT:].copy()
-        return float(out[0][0])
+    def probabilities(self, windows: np.ndarray, state: VADState) -> np.ndarray:
+        """Speech probability of each of consecutive 512-sample windows (shape `(n, 512)`), as one stream
+        continuing from `state`, which is updated in place."""
+        contexts = np.empty((len(windows), _CONTEXT), dtype=np.float32)
+        contexts[0] = state.context
+        contexts[1:] = windows[:-1, -_CONTEXT:]
+        x = np.concatenate([contexts, windows], axis=1, dtype=np.float32)
+        out, state.h, state.c = self._session.run(None, {"input": x, "h": state.h, "c": state.c})
+        state.context = windows[-1, -_CONTEXT:].astype(np.float32)
+        return np.asarray(out, dtype=np.float64).reshape(-1)
 
 
 @dataclass
 class VADState:
-    rnn: np.ndarray = None  # type: ignore[assignment]
+    h: np.ndarray = None  # type: ignore[assignment]
+    c: np.ndarray = None  # type: ignore[assignment]
     context: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.rnn = np.zeros((2, 1, 128), dtype=np.float32)
+        self.h = np.zeros((1, 1, 128), dtype=np.float32)
+        self.c = np.zeros((1, 1, 128), dtype=np.float32)
         self.context = np.zeros(_CONTEXT, dtype=np.float32)
 
 
@@ -196,6 +203,7 @@ class Segmenter:
         self._preroll = np.zeros(0, dtype=np.float32)
         self.samples = 0  # samples processed through the model
         self._quiet = False
+        self._ahead: deque[float] = deque()  # probabilities the model gave for the windows after this one
         self._level = 0.0  # recent peak level: rises at once, falls with LEVEL_HALF_LIFE_S
         self._level_decay = 0.5 ** (WINDOW / SAMPLE_RATE / LEVEL_HALF_LIFE_S)
         self._next_index = 0
@@ -273,8 +281,9 @@ class Segmenter:
         events: list[VADEvent] = []
         data = np.concatenate([self._pending, audio]) if self._pending.size else audio
         n = data.size - data.size % WINDOW
-        for off in range(0, n, WINDOW):
-            self._step(data[off : off + WINDOW], events)
+        windows = data[:n].reshape(-1, WINDOW)
+        for i in range(len(windows)):
+            self._step(windows[i], events, windows[i + 1 : i + _BLOCK])
         self._pending = data[n:].copy()
         return events
 
@@ -290,16 +299,27 @@ class Segmenter:
         self._close_faint(events)
         return events
 
-    def _probability(self, window: np.ndarray) -> float:
+    def _probability(self, window: np.ndarray, following: np.ndarray | None = None) -> float:
         """Silero's speech probability; digitally silent windows (below -90 dBFS) skip the model while no segment
-        is open, and the model then starts again from a fresh state, as at the start of a stream."""
+        is open, and the model then starts again from a fresh state, as at the start of a stream. The model reads
+        the window together with those of `following` (the windows after it) that no rule can skip, and their
+        probabilities wait for their turn."""
+        if self._ahead:
+            return self._ahead.popleft()
         if not self.active and float(np.dot(window, window)) < QUIET_ENERGY:
             if not self._quiet:
                 self.state = self.model.new_state()
                 self._quiet = True
             return 0.0
         self._quiet = False
-        return self.model(self._raised(window), self.state)
+        block = [self._raised(window)]
+        for w in following if following is not None else ():
+            if float(np.dot(w, w)) < QUIET_ENERGY:
+                break
+            block.append(self._raised(w))
+        first, *rest = self.model.probabilities(np.stack(block), self.state)
+        self._ahead.extend(float(p) for p in rest)
+        return float(first)
 
     def _raised(self, window: np.ndarray) -> np.ndarray:
         """The window as Silero should hear it: a quiet voice (laptop microphones without auto gain) raised by
@@ -309,8 +329,8 @@ class Segmenter:
             return window
         return window * min(LEVEL_MAX_GAIN, LEVEL_TARGET / self._level)
 
-    def _step(self, window: np.ndarray, events: list[VADEvent]) -> None:
-        p = self._probability(window)
+    def _step(self, window: np.ndarray, events: list[VADEvent], following: np.ndarray | None = None) -> None:
+        p = self._probability(window, following)
         pos = self.samples
         self.samples += WINDOW
         cfg = self.config
