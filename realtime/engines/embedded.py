@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,8 @@ from .base import (
 from .types import TokenLogprob, Word
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..config import Settings
 
 log = logging.getLogger(__name__)
@@ -266,13 +269,6 @@ class EmbeddedEngine(EngineBase):
                 except Exception as exc:
                     results[i] = exc
 
-        if self._second is None or len(long) < 2:
-            long_form(long)
-        else:  # one clip at a time in each worker
-            other = self._second.submit(long_form, long[1::2])
-            long_form(long[::2])
-            other.result()
-
         def decode(idxs: list[int]) -> None:
             try:
                 for i, r in zip(idxs, self._decode_group([audios[i] for i in idxs], options[idxs[0]]), strict=True):
@@ -281,13 +277,23 @@ class EmbeddedEngine(EngineBase):
                 for i in idxs:
                     results[i] = EngineError(f"transcription failed: {exc}")
 
+        units: list[tuple[int, Callable[[], None]]] = [(audios[i].size, partial(long_form, [i])) for i in long]
         for idxs in groups.values():
-            if self._second is None or len(idxs) < 2:
-                decode(idxs)
-                continue
-            first, second = _split([audios[i].size for i in idxs], idxs)
-            other = self._second.submit(decode, first)
-            decode(second)
+            halves = [idxs] if self._second is None or len(idxs) < 2 else _split([audios[i].size for i in idxs], idxs)
+            units += [(len(h) * max(audios[i].size for i in h), partial(decode, h)) for h in halves]
+        if self._second is None or len(units) < 2:
+            for _, run in units:
+                run()
+        else:  # the two workers share the units, the longest first, each to the less loaded
+            lanes: tuple[list[Callable[[], None]], list[Callable[[], None]]] = ([], [])
+            loads = [0, 0]
+            for cost, run in sorted(units, key=lambda u: -u[0]):
+                lane = loads.index(min(loads))
+                lanes[lane].append(run)
+                loads[lane] += cost
+            other = self._second.submit(lambda: [run() for run in lanes[1]])
+            for run in lanes[0]:
+                run()
             other.result()
         return [r if r is not None else EngineError("no result") for r in results]
 

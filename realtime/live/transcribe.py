@@ -56,6 +56,9 @@ CONTEXT_AFTER_S = 2.0
 UNHEARD_AFTER_S = 4.0
 CONTEXT_SPEECH_S = 2.0
 """A lone segment with less speech than this is decoded with the audio around it."""
+READ_AHEAD_BATCHES = 2
+"""A file keeps this many batches of windows with the worker while the results before them are checked (the
+engine's workers decode new windows while others decode a window's segments again)."""
 
 
 @dataclass(frozen=True)
@@ -476,26 +479,55 @@ async def transcribe_results(
     segments = stream or SegmentStream(path, vad, window_s=window_s, max_parts=window_parts(engine))
     iterator = segments.__aiter__()
     name = f"file-{uuid.uuid4().hex[:12]}"
-    n = 0
     async with _worker_for(runner) as worker:
         size = max(1, batch_size or worker.batch_size)
         checked = coverage.check_options(worker.engine, asked)
+        ahead: asyncio.Queue[tuple[SegmentEnd, asyncio.Task[Transcription | BaseException]] | BaseException | None]
+        ahead = asyncio.Queue()
+        room = asyncio.Semaphore(READ_AHEAD_BATCHES * size)
+
+        async def settle(end: SegmentEnd, job: Job) -> Transcription | BaseException:
+            result = (await asyncio.gather(worker.submit(job), return_exceptions=True))[0]
+            if isinstance(end, Window) and isinstance(result, Transcription):
+                result = await _account(worker, name, end, result, checked, asked)
+            return result
+
+        async def read() -> None:
+            n = 0
+            try:
+                async for first in iterator:
+                    for end in [first, *segments.ready(size - 1)]:
+                        await room.acquire()
+                        job = Job(name, n, end.heard, _lane(asked),
+                                  coverage.window_options(checked, len(end.heard_speech))
+                                  if isinstance(end, Window) else asked)
+                        n += 1
+                        ahead.put_nowait((end, asyncio.ensure_future(settle(end, job))))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a decode error, raised after the results before it
+                ahead.put_nowait(exc)
+                return
+            ahead.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
         try:
-            async for first in iterator:
-                batch = [first, *segments.ready(size - 1)]
-                futures = [worker.submit(Job(name, n + i, e.heard, _lane(asked),
-                                             coverage.window_options(checked, len(e.heard_speech))
-                                             if isinstance(e, Window) else asked))
-                           for i, e in enumerate(batch)]
-                n += len(batch)
-                results = await asyncio.gather(*futures, return_exceptions=True)
-                for end, result in zip(batch, results, strict=True):
-                    if isinstance(end, Window) and isinstance(result, Transcription):
-                        result = await _account(worker, name, end, result, checked, asked)
-                    if isinstance(end, Window) and isinstance(result, Transcription):
-                        end = end.decoded(result, asked.timestamps)
-                    yield end, result
+            while (item := await ahead.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                end, task = item
+                result = await task
+                room.release()
+                if isinstance(end, Window) and isinstance(result, Transcription):
+                    end = end.decoded(result, asked.timestamps)
+                yield end, result
         finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            while not ahead.empty():
+                if isinstance(item := ahead.get_nowait(), tuple):
+                    item[1].cancel()
             worker.cancel_session(name)
             segments.close()
             await iterator.aclose()  # type: ignore[attr-defined]
