@@ -3,8 +3,9 @@
 Decoding and VAD run in a thread of their own and hand speech segments to the event loop through a bounded
 queue, so a long file never sits in memory whole (at most `max_queued` segments wait) and the event loop stays
 free for live sessions. Segments go to the engine as file jobs of the shared `Worker` (live finals go first), in
-batches of up to `batch_size` (the worker's by default) while the thread keeps cutting the next ones; results
-come out in order. Given an engine instead of a worker, a worker of its own serves the file.
+batches of up to `batch_size` (the worker's by default) while the thread keeps cutting the next ones; a file keeps
+`READ_AHEAD_BATCHES` batches with the worker while the results before them are checked, and results come out in
+order. Given an engine instead of a worker, a worker of its own serves the file.
 
 With `window_s`, consecutive segments are packed into windows of up to that many seconds (the silence between
 them dropped) before they reach the engine: Whisper sees neighbouring sentences, as faster-whisper's own
