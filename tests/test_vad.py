@@ -4,13 +4,17 @@ recorded probabilities (fast)."""
 from __future__ import annotations
 
 import itertools
+import os
+import time
 
 import numpy as np
 import pytest
 
 from realtime.audio import decode_file
+from realtime.bench.corpus import random_compilation
 from realtime.live.vad import WINDOW, SegmentEnd, Segmenter, SegmentStart, VADConfig
 
+from real_speech import clips
 from recorded_vad import Replay
 from speech import SENTENCES, compose
 
@@ -44,6 +48,23 @@ def test_chunk_size_does_not_change_segments(speech_dir):
     a = [(e.start, e.end) for e in run(audio, chunk=320) if isinstance(e, SegmentEnd)]
     b = [(e.start, e.end) for e in run(audio, chunk=4801) if isinstance(e, SegmentEnd)]
     assert a == b and len(a) == 2
+
+
+def test_a_files_long_chunks_give_the_segments_of_live_frames_on_real_speech(tmp_path):
+    """A file's chunks reach Silero many windows per call (its sequence export), live audio a window at a time:
+    the same segments, to the sample, on a random compilation of real clips (digital silence between some of them,
+    levels 12 dB apart, faint speech kept)."""
+    seed = int(os.environ.get("RANDOM_SEED") or time.time_ns() // 1000 % 1_000_000)
+    print(f"\nrandom compilation: seed {seed} (RANDOM_SEED={seed} reruns it)")
+    comp = random_compilation(clips(longest=40), tmp_path / "compilation.wav", seed, count=(4, 6))
+    audio = decode_file(comp.path)
+
+    def ends(chunk: int) -> list[tuple[int, float, float, bytes]]:
+        return [(e.segment, e.start, e.end, e.audio.tobytes()) for e in run(audio, chunk=chunk, faint=True)
+                if isinstance(e, SegmentEnd)]
+
+    live, whole = ends(320), ends(10 * 16000)
+    assert live and whole == live, f"seed {seed}"
 
 
 def test_speech_without_pauses_is_split_at_max_length(speech_dir):
