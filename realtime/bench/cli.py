@@ -78,6 +78,7 @@ def main(argv: list[str]) -> int:
     q.add_argument("--vllm", default="base", help="models for the vLLM KV-cache rows (model dtype vs fp8), "
                                                   "comma-separated (tiny.en, base); empty for none")
     q.add_argument("--out", default="bench-out")
+    from .denoise import add_parser as add_denoise_parser
     from .gpu import add_parser as add_gpu_parser
     from .history import add_parser as add_history_parser
     from .peers import add_parser as add_peers_parser
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
     add_speakers_parser(sub)
     add_history_parser(sub)
     add_retranscribe_parser(sub)
+    add_denoise_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -127,6 +129,10 @@ def main(argv: list[str]) -> int:
         from .history import bench_history
 
         bench_history(args)
+    elif args.kind == "denoise":
+        from .denoise import bench_denoise
+
+        bench_denoise(args)
     elif args.kind == "retranscribe":
         from .retranscribe import bench_retranscribe
 

@@ -41,39 +41,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="bench-out")
 
 
-async def _live(url: str, audio: np.ndarray) -> str:
-    """Stream `audio` (16 kHz) over a Realtime transcription session; the session's id once its items are done."""
+async def live(url: str, audio: np.ndarray, session: dict[str, Any] | None = None,
+               key: str | None = KEY) -> tuple[str, list[str]]:
+    """Stream `audio` (16 kHz) over a Realtime transcription session (configured by `session`, a `session.update`'s
+    object); once its items are done, the session's id and their transcripts in order."""
     import soxr
     import websockets
 
     pcm = (np.clip(soxr.resample(audio, SAMPLE_RATE, 24000), -1, 1) * 32767).astype("<i2").tobytes()
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
-    async with websockets.connect(ws_url, additional_headers={"Authorization": f"Bearer {KEY}"},
+    async with websockets.connect(ws_url, additional_headers={"Authorization": f"Bearer {key}"} if key else {},
                                   max_size=None) as ws:
         created = json.loads(await ws.recv())
         session_id = created["session"]["id"]
+        if session:
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", **session}}))
+            while (reply := json.loads(await ws.recv()))["type"] != "session.updated":
+                if reply["type"] == "error":
+                    raise RuntimeError(f"session.update refused: {reply['error']}")
         step = 24000 // 10 * 2
         for i in range(0, len(pcm), step):
             await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(pcm[i:i + step]).decode()}))
-        # a second of silence closes the last utterance; then every started item must complete
+        # a second of silence closes the last utterance; an update that changes nothing is answered once the
+        # server has read all of it (every item started by then); then every started item must complete
         silence = base64.b64encode(bytes(48000)).decode()
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
-        started, done = set(), set()
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+        started, done, texts = [], set(), {}
+        read = False
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (read and set(started) <= done):
             try:
                 event = json.loads(await asyncio.wait_for(ws.recv(), 5))
             except TimeoutError:
-                if started <= done:
-                    break
                 continue
-            if event["type"] == "input_audio_buffer.committed":
-                started.add(event["item_id"])
+            if event["type"] == "session.updated":
+                read = True
+            elif event["type"] == "input_audio_buffer.committed":
+                started.append(event["item_id"])
             elif event["type"] in ("conversation.item.input_audio_transcription.completed",
                                    "conversation.item.input_audio_transcription.failed"):
                 done.add(event["item_id"])
-    return str(session_id)
+                texts[event["item_id"]] = event.get("transcript") or ""
+    return str(session_id), [texts.get(item, "") for item in started]
 
 
 def _ended(url: str, session_id: str) -> dict[str, Any]:
@@ -106,7 +117,7 @@ def bench_retranscribe(args: argparse.Namespace) -> dict[str, Any]:
         for k in range(args.random):
             comp = random_compilation(clips, Path(data) / f"comp-{seed + k}.wav", seed + k)
             audio = decode_file(comp.path)
-            session_id = asyncio.run(_live(url, audio))
+            session_id, _ = asyncio.run(live(url, audio))
             draft = _ended(url, session_id)
             t0 = time.perf_counter()
             r = httpx.post(f"{url}/v1/transcripts/{session_id}/retranscribe",

@@ -86,6 +86,7 @@ class TranscriptionService:
         self.vad_model = SileroVAD.shared()
         self.worker: Worker | None = None
         self.sessions: dict[str, TranscriptionSession] = {}
+        self.denoised_seconds = 0.0  # audio that Realtime sessions asking for noise reduction had cleaned
         self.closed: OrderedDict[str, TranscriptSnapshot] = OrderedDict()
         self.ready = False
         self.error: str | None = None

@@ -119,14 +119,16 @@ class TranscriptionSession:
         return self._wall_last - (self._samples_last / SAMPLE_RATE - stream_seconds)
 
     # -- input
-    def feed(self, audio: np.ndarray) -> None:
+    def feed(self, audio: np.ndarray, heard: np.ndarray | None = None) -> None:
+        """The next samples of the session's audio; `heard`, where given, is what the VAD hears in their place (a
+        denoised copy, as long), while the engine gets `audio`."""
         if self.closed:
             return
         self._samples_last += audio.size
         self._wall_last = self.clock()
         if self.on_audio is not None:
             self.on_audio(audio)
-        for event in self.segmenter.feed(audio):
+        for event in self.segmenter.feed(audio, heard):
             self._handle(event)
         self._speculate()
         self._maybe_partial()

@@ -200,6 +200,7 @@ class Segmenter:
         self._min_silence = self.config.min_silence_ms * ms
         self._max_len = int(self.config.max_segment_s * SAMPLE_RATE)
         self._pending = np.zeros(0, dtype=np.float32)
+        self._pending_heard: np.ndarray | None = None  # what Silero hears of `_pending`, where that differs
         self._preroll = np.zeros(0, dtype=np.float32)
         self.samples = 0  # samples processed through the model
         self._quiet = False
@@ -277,13 +278,25 @@ class Segmenter:
             audio = np.concatenate([audio, np.zeros(cut - heard, dtype=np.float32)])
         return self._index, self._silence_from / SAMPLE_RATE, audio
 
-    def feed(self, audio: np.ndarray) -> list[VADEvent]:
+    def feed(self, audio: np.ndarray, heard: np.ndarray | None = None) -> list[VADEvent]:
+        """Segment events for the next samples of the stream. Silero hears `heard` in their place where it is
+        given (as many samples: a denoised copy), while the segments carry `audio`."""
         events: list[VADEvent] = []
         data = np.concatenate([self._pending, audio]) if self._pending.size else audio
         n = data.size - data.size % WINDOW
         windows = data[:n].reshape(-1, WINDOW)
+        ears = windows
+        if heard is not None or self._pending_heard is not None:
+            if heard is None:
+                heard = audio
+            if heard.size != audio.size:
+                raise ValueError("the audio Silero hears must be as long as the audio it stands for")
+            pending = self._pending_heard if self._pending_heard is not None else self._pending
+            both = np.concatenate([pending, heard]) if pending.size else heard
+            ears = both[:n].reshape(-1, WINDOW)
+            self._pending_heard = both[n:].copy()
         for i in range(len(windows)):
-            self._step(windows[i], events, windows[i + 1 : i + _BLOCK])
+            self._step(windows[i], events, ears[i + 1 : i + _BLOCK], ears[i])
         self._pending = data[n:].copy()
         return events
 
@@ -291,8 +304,11 @@ class Segmenter:
         """End of stream: close the open segment if it is long enough."""
         events: list[VADEvent] = []
         if self._pending.size:
-            self._step(np.pad(self._pending, (0, WINDOW - self._pending.size)), events)
+            ears = self._pending_heard if self._pending_heard is not None else self._pending
+            self._step(np.pad(self._pending, (0, WINDOW - self._pending.size)), events, None,
+                       np.pad(ears, (0, WINDOW - ears.size)))
             self._pending = np.zeros(0, dtype=np.float32)
+            self._pending_heard = None
         if self.active:
             end = self._silence_from if self._silence_from is not None else self.samples
             self._close(end, events)
@@ -329,8 +345,9 @@ class Segmenter:
             return window
         return window * min(LEVEL_MAX_GAIN, LEVEL_TARGET / self._level)
 
-    def _step(self, window: np.ndarray, events: list[VADEvent], following: np.ndarray | None = None) -> None:
-        p = self._probability(window, following)
+    def _step(self, window: np.ndarray, events: list[VADEvent], following: np.ndarray | None = None,
+              heard: np.ndarray | None = None) -> None:
+        p = self._probability(window if heard is None else heard, following)
         pos = self.samples
         self.samples += WINDOW
         cfg = self.config

@@ -7,7 +7,8 @@ HTTP API, the command line) wait while live finals are queued and take turns wit
 first. Engines that batch get up to `batch_size` jobs of one lane at once (never mixed, so a final's
 latency is its own decode, not that of a batch of partials or of a file's windows). Memory is bounded by
 `max_pending_audio_s`: a live final over that bound is answered at once with an explicit overload error
-(a file's reader waits for its results instead, so its queue holds `READ_AHEAD_BATCHES` batches at most: realtime/live/transcribe.py).
+(a file's reader waits for its results instead, so its queue holds at most `READ_AHEAD_BATCHES` batches of
+realtime/live/transcribe.py).
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ class _ServiceCollector(Collector):
         yield GaugeMetricFamily("realtime_engine_latency_seconds",
                                 "moving average of the engine's seconds per job",
                                 value=stats.engine_latency if stats else 0.0)
+        yield CounterMetricFamily("realtime_denoised_audio_seconds", "seconds of audio the denoiser cleaned for "
+                                  "Realtime sessions asking for noise_reduction", value=service.denoised_seconds)
         restarts = service.engine.describe().get("restarts") or 0
         yield CounterMetricFamily("realtime_engine_restarts", "engine process restarts (the vLLM engine's "
                                   "supervisor; 0 for engines without a process of their own)", value=restarts)

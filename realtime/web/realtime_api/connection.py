@@ -19,6 +19,7 @@ from ...audio import SAMPLE_RATE
 from ...engines import Transcription
 from ...engines import logprobs as lp
 from ...engines.types import TokenLogprob
+from ...live.denoise import Denoiser
 from ...live.events import ClosedEvent, ErrorEvent, Event, FinalEvent, PartialEvent, SpeechStarted, SpeechStopped
 from ...live.service import TranscriptionService
 from ...live.session import TranscriptionSession
@@ -73,6 +74,8 @@ class RealtimeConnection:
         self.manual_index = 0
         self.closed_reason: ClosedEvent | None = None
         self._full_said = False
+        self.denoiser: Denoiser | None = None
+        self._held = np.zeros(0, dtype=np.float32)  # audio whose denoised copy the denoiser still holds
 
     # -- output
     def send(self, event: dict[str, Any]) -> None:
@@ -102,11 +105,22 @@ class RealtimeConnection:
         language = self.config.language or self.service.settings.language
         self.session.options = dataclasses.replace(self.session.options, language=language, prompt=self.config.prompt,
                                                    logprobs=LOGPROBS in self.config.include)
+        wanted = (self.config.noise_reduction or {}).get("type")
+        if (self.denoiser.field if self.denoiser else None) != wanted:
+            if self.denoiser is not None:  # what the old one still holds goes on as it was heard
+                self._denoised(self.denoiser.flush())
+                self.denoiser.close()
+            self.denoiser = Denoiser(wanted) if wanted else None
 
     def close(self) -> None:
         if self.session is not None:
+            if self.denoiser is not None:  # the end of the stream it still holds
+                self._denoised(self.denoiser.flush())
             self.service.close_session(self.id)
             self.session = None
+        if self.denoiser is not None:
+            self.denoiser.close()
+            self.denoiser = None
 
     # -- session events to server events
     def on_event(self, event: Event) -> None:
@@ -261,12 +275,29 @@ class RealtimeConnection:
             self.feed(self.audio(raw))
 
     def feed(self, samples: np.ndarray) -> None:
-        """16 kHz mono float32 into the session (server VAD) or the manual buffer."""
+        """16 kHz mono float32 into the session (server VAD) or the manual buffer, through the denoiser when the
+        session asks for noise reduction."""
         if self.session is None or not samples.size:
             return
         self.audio_started = True
+        if self.denoiser is None:
+            self._take(samples)
+            return
+        self._held = np.concatenate([self._held, samples]) if self._held.size else samples
+        self._denoised(self.denoiser.process(samples))
+
+    def _denoised(self, heard: np.ndarray) -> None:
+        """The denoiser's next output goes to the VAD's ears beside the audio it stands for, which the engine gets:
+        Whisper reads noisy speech better than a denoiser's output of it (docs/realtime-api.md)."""
+        samples, self._held = self._held[:heard.size], self._held[heard.size:]
+        self.service.denoised_seconds += heard.size / SAMPLE_RATE
+        self._take(samples, heard)
+
+    def _take(self, samples: np.ndarray, heard: np.ndarray | None = None) -> None:
+        if self.session is None or not samples.size:
+            return
         if self.config.vad:
-            self.session.feed(samples)
+            self.session.feed(samples, heard)
             return
         if (self.manual_samples + samples.size) / SAMPLE_RATE > MANUAL_MAX_S:
             if self._full_said:
@@ -276,12 +307,14 @@ class RealtimeConnection:
                              "commit or clear it first (this audio was dropped)", "input_audio_buffer_full", "audio")
         self.manual.append(samples)
         self.manual_samples += samples.size
-        self.session.segmenter.feed(samples)  # only for the limits (idle, stale audio): no items from it
+        self.session.segmenter.feed(samples, heard)  # only for the limits (idle, stale audio): no items from it
 
     def commit(self) -> None:
         session = self.session
         if session is None:
             return
+        if self.denoiser is not None:  # the last few milliseconds it holds belong to this commit
+            self._denoised(self.denoiser.flush())
         if self.config.vad:
             if not session.segmenter.announced:
                 raise EventError("buffer too small: there is no speech in the input audio buffer to commit",
@@ -311,6 +344,9 @@ class RealtimeConnection:
             self._complete(item, future.result().text, seconds, future.result().logprobs)
 
     def clear(self) -> None:
+        if self.denoiser is not None:  # cleared with the rest
+            self.denoiser.flush()
+            self._held = np.zeros(0, dtype=np.float32)
         session = self.session
         if session is not None and self.config.vad and session.segmenter.announced:
             open_item = self.items.get(session.segmenter.segment)

