@@ -487,8 +487,8 @@ async def transcribe_results(
         ahead = asyncio.Queue()
         room = asyncio.Semaphore(READ_AHEAD_BATCHES * size)
 
-        async def settle(end: SegmentEnd, job: Job) -> Transcription | BaseException:
-            result = (await asyncio.gather(worker.submit(job), return_exceptions=True))[0]
+        async def settle(end: SegmentEnd, decoded: asyncio.Future[Transcription]) -> Transcription | BaseException:
+            result = (await asyncio.gather(decoded, return_exceptions=True))[0]
             if isinstance(end, Window) and isinstance(result, Transcription):
                 result = await _account(worker, name, end, result, checked, asked)
             return result
@@ -497,13 +497,16 @@ async def transcribe_results(
             n = 0
             try:
                 async for first in iterator:
-                    for end in [first, *segments.ready(size - 1)]:
+                    for end in [first, *(segments.ready(size - 1) if n else ())]:
                         await room.acquire()
                         job = Job(name, n, end.heard, _lane(asked),
                                   coverage.window_options(checked, len(end.heard_speech))
                                   if isinstance(end, Window) else asked)
                         n += 1
-                        ahead.put_nowait((end, asyncio.ensure_future(settle(end, job))))
+                        task = asyncio.ensure_future(settle(end, worker.submit(job)))
+                        ahead.put_nowait((end, task))
+                    if n == 1:  # the first is decoded and checked alone before any other: its text comes first
+                        await asyncio.wait([task])
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # a decode error, raised after the results before it
