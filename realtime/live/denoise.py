@@ -92,12 +92,10 @@ class Denoiser:
         self._discard = 0  # 16 kHz output still to drop: what flushing zeros became
         self._fed = 0  # 16 kHz samples in
         self._given = 0  # ...and out
-        self.seconds = 0.0  # audio denoised
 
     def process(self, audio: np.ndarray) -> np.ndarray:
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         self._fed += audio.size
-        self.seconds += audio.size / SAMPLE_RATE
         out = self._through(audio)
         self._given += out.size
         return out
