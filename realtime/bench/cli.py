@@ -85,6 +85,7 @@ def main(argv: list[str]) -> int:
     from .pool import add_parser as add_pool_parser
     from .retranscribe import add_parser as add_retranscribe_parser
     from .speakers import add_parser as add_speakers_parser
+    from .turns import add_parser as add_turns_parser
 
     add_peers_parser(sub)
     add_pool_parser(sub)
@@ -93,6 +94,7 @@ def main(argv: list[str]) -> int:
     add_history_parser(sub)
     add_retranscribe_parser(sub)
     add_denoise_parser(sub)
+    add_turns_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -129,6 +131,10 @@ def main(argv: list[str]) -> int:
         from .history import bench_history
 
         bench_history(args)
+    elif args.kind == "turns":
+        from .turns import bench_turns
+
+        bench_turns(args)
     elif args.kind == "denoise":
         from .denoise import bench_denoise
 

@@ -78,6 +78,10 @@ class Scores:
     shown_s: list[float | None]
     final_text: str
     shown_text: str
+    pieces: list[int] = field(default_factory=list)
+    """Per utterance, how many finals its final words came in (more than one: the utterance was split)."""
+    merged: int = 0
+    """Finals that hold words of two or more utterances."""
 
 
 def _normalizer() -> Callable[[str], str]:
@@ -133,9 +137,12 @@ def score(snapshots: Sequence[Snapshot], utterances: Sequence[Utterance],
             shown_changes.append((t, norm(shown).split()))
     pairs = _aligned(ref, words_final)
     final_s: list[float | None] = []
+    pieces: list[set[float]] = []
     for (r0, r1), u in zip(bounds, utterances, strict=True):
         hits = [stamps[pairs[r]] for r in range(r0, r1) if r in pairs]
         final_s.append(round(max(hits) - u.end, 3) if hits else None)
+        pieces.append(set(hits))
+    shared = [t for i, p in enumerate(pieces) for t in p if any(t in q for q in pieces[i + 1:])]
     shown_s: list[float | None] = []
     k = 0
     for (r0, r1), u in zip(bounds, utterances, strict=True):
@@ -149,7 +156,7 @@ def score(snapshots: Sequence[Snapshot], utterances: Sequence[Utterance],
                 found = round(t - u.start, 3)
                 break
         shown_s.append(found)
-    return Scores(final_s, shown_s, last_final or "", last_shown or "")
+    return Scores(final_s, shown_s, last_final or "", last_shown or "", [len(p) for p in pieces], len(set(shared)))
 
 
 # ---- clients: each plays `audio` in real time and returns what it was shown
@@ -178,7 +185,7 @@ async def _play_and_settle(audio: np.ndarray, send: Callable[[np.ndarray], Any],
         pass
 
 
-async def play_ours(url: str, audio: np.ndarray) -> Trace:
+async def play_ours(url: str, audio: np.ndarray, tail: float = TAIL_S) -> Trace:
     """Our WebRTC client (aiortc): finals are the `final` events, partials the open segments' latest text."""
     from .client import stream_file
 
@@ -200,7 +207,7 @@ async def play_ours(url: str, audio: np.ndarray) -> Trace:
         trace.add(e["t"], final, shown)
 
     try:
-        await stream_file(url, audio=audio, ice_loopback=True, tail_seconds=TAIL_S, settle_timeout=SETTLE_S,
+        await stream_file(url, audio=audio, ice_loopback=True, tail_seconds=tail, settle_timeout=SETTLE_S,
                           on_event=on_event)
     except Exception as exc:  # a refused or broken stream is a failed client, reported as such
         trace.error = f"{type(exc).__name__}: {exc}"

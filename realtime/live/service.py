@@ -17,13 +17,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from ..config import Settings
+from ..config import Settings, TurnConfig
 from ..engines import Engine, create_engine
 from ..speakers import Diarizer, LiveSpeakers
+from .end_of_turn import TurnModel
 from .events import Event
 from .memory import IdleTrim
 from .session import TranscriptionSession
@@ -117,6 +118,8 @@ class TranscriptionService:
             if self.settings.diarize:
                 await asyncio.to_thread(self.diarizer)
                 self._speaker_pool = ThreadPoolExecutor(1, thread_name_prefix="speakers", initializer=_yield_cpu)
+            if self.settings.turn_config() is not None:
+                await asyncio.to_thread(TurnModel.shared)
         except Exception as exc:
             self.error = str(exc)
             raise
@@ -154,8 +157,9 @@ class TranscriptionService:
 
     def open_session(self, session_id: str, on_event: Callable[[Event], None],
                      vad_config: VADConfig | None = None, speakers: bool = True,
-                     source: str = "webrtc") -> TranscriptionSession:
-        """A live session; `vad_config` replaces the app's VAD settings for it (the Realtime API's turn detection);
+                     source: str = "webrtc", turn: TurnConfig | None | Literal["app"] = "app") -> TranscriptionSession:
+        """A live session; `vad_config` replaces the app's VAD settings for it and `turn` its end of turn (the
+        Realtime API's turn detection);
         it labels speakers where the app has the speaker model loaded, unless `speakers` is False. With a history,
         its events reach `on_event` once what they announce is written (`source` says where it came from)."""
         existing = self.sessions.get(session_id)
@@ -180,6 +184,7 @@ class TranscriptionService:
             speakers=LiveSpeakers(self.diarizer().embedder) if labelled else None,
             speaker_pool=self._speaker_pool,
             on_audio=self.history.listen(session_id) if self.history is not None else None,
+            turn=s.turn_config() if turn == "app" else turn,
         )
         self.sessions[session_id] = session
         log.info("session %s opened (%d live)", session_id, len(self.sessions))

@@ -37,6 +37,7 @@ from ..engines import logprobs as lp
 from ..engines.policy import trim_loop
 from ..speakers import Diarization, LiveSpeakers, Turn
 from . import coverage
+from .end_of_turn import TurnConfig, TurnModel
 from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeakerEvent, SpeechStarted, SpeechStopped
 from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
@@ -78,6 +79,8 @@ class TranscriptionSession:
         speakers: LiveSpeakers | None = None,
         speaker_pool: Executor | None = None,
         on_audio: Callable[[np.ndarray], None] | None = None,
+        turn: TurnConfig | None = None,
+        turn_model: TurnModel | None = None,
     ) -> None:
         self.id = session_id
         self.worker = worker
@@ -108,6 +111,14 @@ class TranscriptionSession:
         """Names the user gave speakers, by speaker number."""
         self.on_audio = on_audio
         """Takes the audio as it arrives, where it is kept (the history's `--keep-audio`)."""
+        self.turn: TurnConfig | None = None
+        """End of turn: a pause closes the segment when the turn model finds the speaker finished, or once it lasts
+        the eagerness's longest wait; without it, after the VAD's minimum silence."""
+        self._turn_model = turn_model
+        self._judged: tuple[int, float] | None = None
+        self.turns_judged: list[tuple[float, bool]] = []
+        """Each pause the turn model judged: (stream seconds where the speech stopped, complete)."""
+        self.choose_turn(turn)
 
     # -- time
     @property
@@ -131,6 +142,7 @@ class TranscriptionSession:
         for event in self.segmenter.feed(audio, heard):
             self._handle(event)
         self._speculate()
+        self._judge_turn()
         self._maybe_partial()
 
     def flush(self) -> None:
@@ -185,6 +197,33 @@ class TranscriptionSession:
         job = Job(self.id, segment, audio, "final", self.final_options, speculative=True)
         self.worker.submit(job)
         self._speculative = _Speculative(segment, end, job)
+
+    def _judge_turn(self) -> None:
+        """Once a pause lasts the turn's `judge_after_ms`, the turn model judges the segment's audio so far."""
+        seg, turn = self.segmenter, self.turn
+        pause = seg.pause
+        if turn is None or self._turn_model is None or pause is None or pause == self._judged:
+            return
+        if seg.pause_s < turn.judge_after_ms / 1000:
+            return
+        self._judged = pause
+        model = self._turn_model
+        future = asyncio.get_running_loop().run_in_executor(model.pool, model.complete, seg.audio_so_far())
+        future.add_done_callback(lambda f: self._on_turn(pause, f))
+
+    def _on_turn(self, pause: tuple[int, float], future: asyncio.Future[float]) -> None:
+        if self.closed or future.cancelled():
+            return
+        if future.exception() is not None:
+            log.warning("session %s: the end-of-turn model failed (%s); the pause waits its longest", self.id,
+                        future.exception())
+            return
+        assert self.turn is not None
+        complete = future.result() >= self.turn.threshold
+        self.turns_judged.append((pause[1], complete))
+        if complete and self.segmenter.pause == pause:
+            for event in self.segmenter.end_turn():
+                self._handle(event)
 
     def _maybe_partial(self) -> None:
         seg = self.segmenter
@@ -383,6 +422,13 @@ class TranscriptionSession:
         queued keeps what it was queued with)."""
         if (language, task) != (self.options.language, self.options.task):
             self.options = dataclasses.replace(self.options, language=language, task=task)
+
+    def choose_turn(self, turn: TurnConfig | None) -> None:
+        """End of turn from now on (None: the VAD's minimum silence ends a segment)."""
+        if turn is not None and self._turn_model is None:
+            self._turn_model = TurnModel.shared()
+        self.turn = turn
+        self.segmenter.hold_s = None if turn is None else turn.max_wait_s
 
     def clear(self) -> None:
         self.transcript.clear()

@@ -208,6 +208,9 @@ class Segmenter:
         self._level = 0.0  # recent peak level: rises at once, falls with LEVEL_HALF_LIFE_S
         self._level_decay = 0.5 ** (WINDOW / SAMPLE_RATE / LEVEL_HALF_LIFE_S)
         self._next_index = 0
+        self.hold_s: float | None = None
+        """While set, a pause closes the open segment only once it has lasted this long, or when `end_turn` says the
+        speaker has finished (realtime/live/end_of_turn.py), not after `min_silence_ms`."""
         self._reset_segment()
 
     def _reset_segment(self) -> None:
@@ -261,6 +264,25 @@ class Segmenter:
     def paused(self) -> bool:
         """Speech in the open segment has stopped (perhaps only for a moment)."""
         return self._silence_from is not None
+
+    @property
+    def pause(self) -> tuple[int, float] | None:
+        """The announced open segment's pause, as (segment, stream seconds where its speech stopped); else None."""
+        if not self.announced or self._silence_from is None:
+            return None
+        return self._index, self._silence_from / SAMPLE_RATE
+
+    @property
+    def pause_s(self) -> float:
+        """How long the open segment's pause has lasted so far (0 while speech goes on)."""
+        return 0.0 if self._silence_from is None else (self.samples - self._silence_from) / SAMPLE_RATE
+
+    def end_turn(self) -> list[VADEvent]:
+        """The speaker has finished: the open segment closes at its pause now."""
+        events: list[VADEvent] = []
+        if self.active and self._silence_from is not None:
+            self._close(self._silence_from, events)
+        return events
 
     def pending_end(self, after_s: float | None = None) -> tuple[int, float, np.ndarray] | None:
         """While speech has paused for at least `after_s` (default: the after-padding): (segment, end, audio) as
@@ -375,10 +397,14 @@ class Segmenter:
             self._index = self._next_index
             self._next_index += 1
             events.append(SegmentStart(self._index, self._speech_start / SAMPLE_RATE))
-        if self._silence_from is not None and self.samples - self._silence_from >= self._min_silence:
+        close_after = self._min_silence if self.hold_s is None else int(self.hold_s * SAMPLE_RATE)
+        if self._silence_from is not None and self.samples - self._silence_from >= close_after:
             self._close(self._silence_from, events)
         elif self.samples - self._speech_start >= self._max_len:
-            self._split(events)
+            if self.hold_s is not None and self._silence_from is not None:
+                self._close(self._silence_from, events)  # a held pause: the turn is as long as it may be
+            else:
+                self._split(events)
 
     def _loud(self, window: np.ndarray) -> bool:
         """Whether the window is `FAINT_LOUD_DB` above the noise floor, which it updates."""

@@ -1,5 +1,6 @@
 """The FastRTC audio handler: one per WebRTC connection, bridging frames to a `TranscriptionSession`; and
-`apply_page_inputs` (with `picked_language`), the page's language picker and translate toggle on a session.
+`apply_page_inputs` (with `picked_language`), the page's language picker, translate toggle and end of a line on a
+session.
 
 The page applies those itself (`build_page`: at the session's first event, speech started, before any decoding,
 and on each change, on the session the page's state names) rather than as stream inputs: fastrtc's inputs
@@ -17,6 +18,8 @@ from fastrtc import AdditionalOutputs, AsyncStreamHandler
 from fastrtc.utils import get_current_context
 
 from ..audio import SAMPLE_RATE, FrameConverter
+from ..config import MAX_WAIT_S, TurnConfig
+from ..live import end_of_turn
 from ..live.events import PAGE_EVENTS, Event
 from ..live.service import TranscriptionService
 from ..live.session import TranscriptionSession
@@ -33,16 +36,35 @@ def picked_language(engine_languages: tuple[str, ...], value: Any, default: str 
     return value if isinstance(value, str) and value in engine_languages else default
 
 
+TURN_CHOICES: tuple[tuple[str, str], ...] = (
+    ("a pause", "silence"),
+    ("a finished sentence, or 2 s of pause", "high"),
+    ("a finished sentence, or 4 s of pause", "medium"),
+    ("a finished sentence, or 8 s of pause", "low"),
+)
+"""The page's choices of what ends a line (`--end-of-turn`): the VAD's minimum silence, or the end-of-turn model
+with OpenAI's eagerness."""
+
+
+def page_turn(value: str) -> str:
+    """The page's choice for an `--end-of-turn` value (auto is medium)."""
+    return "medium" if value == "auto" else value
+
+
 def apply_page_inputs(service: TranscriptionService, session: TranscriptionSession, language: Any,
-                      translate: Any, speakers: Any = True) -> None:
-    """The page's (language, translate, speaker labels) on `session`: a language the engine does not take, or
-    translation on an engine that cannot, leaves the app's setting; speaker labels switched off stay off for the
-    session."""
+                      translate: Any, speakers: Any = True, turn: Any = None) -> None:
+    """The page's (language, translate, speaker labels, end of a line) on `session`: a language the engine does not
+    take, or translation on an engine that cannot, leaves the app's setting; speaker labels switched off stay off
+    for the session; an end of a line the page does not offer (or with no end-of-turn model) leaves the app's."""
     engine = service.engine
     chosen = picked_language(engine.languages, language, service.settings.language)
     session.choose(chosen, "translate" if translate and engine.translates else "transcribe")
     if not speakers:
         session.speakers = None
+    if turn == "silence":
+        session.choose_turn(None)
+    elif turn in MAX_WAIT_S and end_of_turn.available():
+        session.choose_turn(TurnConfig(turn))
 
 
 class TranscriptionHandler(AsyncStreamHandler):

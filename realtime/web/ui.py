@@ -27,14 +27,14 @@ from fastrtc import WebRTC
 
 from ..audio import AudioDecodeError
 from ..engines import TranscribeOptions
-from ..live import labels
+from ..live import end_of_turn, labels
 from ..live import transcript as fmt
 from ..live.service import TranscriptionService
 from ..live.transcribe import SegmentStream, timed_entries, transcribe_results
 from ..live.transcript import Entry, TranscriptSnapshot
 from ..live.vad import SegmentEnd
 from .access import session_token
-from .handler import DETECT, TranscriptionHandler, apply_page_inputs, picked_language
+from .handler import DETECT, TURN_CHOICES, TranscriptionHandler, apply_page_inputs, page_turn, picked_language
 from .turn import Turn, TurnError
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -413,6 +413,10 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                                                 info="finals and partials in English", elem_id="rt-translate")
                         speakers = gr.Checkbox(True, label="Speaker labels", visible=settings.diarize,
                                                info="who spoke each line", elem_id="rt-speakers")
+                        waiting = gr.Dropdown(list(TURN_CHOICES), value=page_turn(settings.end_of_turn),
+                                              label="A line ends at", visible=end_of_turn.available(),
+                                              info="a pause inside a sentence waits for the rest of it",
+                                              elem_id="rt-end-of-turn")
                         audio = WebRTC(
                             label="Microphone",
                             modality="audio",
@@ -456,12 +460,12 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
 
         primed: set[str] = set()
 
-        def on_output(previous: str | None, language: str | None, translating: bool, labelling: bool,
+        def on_output(previous: str | None, language: str | None, translating: bool, labelling: bool, waits: str,
                       event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
             if session_id not in primed and (session := service.sessions.get(session_id)) is not None:
                 primed.intersection_update(service.sessions)
                 primed.add(session_id)  # its first event (speech started): the inputs as the stream started
-                apply_page_inputs(service, session, language, translating, labelling)
+                apply_page_inputs(service, session, language, translating, labelling, waits)
             transcripts.carry_on(previous, session_id)
             transcripts.note(session_id, event)
             joined = transcripts.joined(session_id)
@@ -469,13 +473,13 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
             return page_html, render_status(service, session_id, event), session_id, ""
 
         async def outputs(value: Any, previous: str | None, language: str | None, translating: bool,
-                          labelling: bool) -> AsyncIterator[tuple[str, str, str, str]]:
+                          labelling: bool, waits: str) -> AsyncIterator[tuple[str, str, str, str]]:
             async for event, session_id in connection_outputs(audio, value):
-                yield on_output(previous, language, translating, labelling, event, session_id)
+                yield on_output(previous, language, translating, labelling, waits, event, session_id)
 
         # the inputs are read when a stream's outputs start: the page's last session, which a new one carries on
         # from, and the picker and toggle as they were then (later changes: on_pick, on the session in session_state)
-        audio.state_change(outputs, inputs=[audio, session_state, picker, translate, speakers],
+        audio.state_change(outputs, inputs=[audio, session_state, picker, translate, speakers, waiting],
                            outputs=[transcript, status, session_state, notice], concurrency_limit=None, queue=True,
                            show_progress="minimal", trigger_mode="once")
 
@@ -487,14 +491,15 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
         upload.change(on_upload, inputs=[upload, picker, speakers],
                       outputs=[file_progress, file_text, file_downloads],
                       concurrency_limit=settings.concurrency_limit, show_progress="hidden")
-        def on_pick(session_id: str | None, language: str | None, translating: bool, labelling: bool) -> str:
+        def on_pick(session_id: str | None, language: str | None, translating: bool, labelling: bool,
+                    waits: str) -> str:
             if session_id and (session := service.sessions.get(session_id)) is not None:
-                apply_page_inputs(service, session, language, translating, labelling)  # from the next job on
+                apply_page_inputs(service, session, language, translating, labelling, waits)  # from the next job on
             return render_file_language(languages, language)
 
-        for control in (picker, translate, speakers):
-            control.change(on_pick, inputs=[session_state, picker, translate, speakers], outputs=[file_language],
-                           queue=False, show_progress="hidden")
+        for control in (picker, translate, speakers, waiting):
+            control.change(on_pick, inputs=[session_state, picker, translate, speakers, waiting],
+                           outputs=[file_language], queue=False, show_progress="hidden")
 
         def on_rename(session_id: str | None, asked: str) -> tuple[str, str]:
             match = RENAME.match(asked or "")

@@ -8,8 +8,9 @@ batching); nothing here transcribes by itself.
 Client events: `session.update` (a session of `type` `transcription`, or the beta API's
 `transcription_session.update`, answered with `transcription_session.updated`: `audio.input.format` `audio/pcm` at
 24 kHz, `audio/pcmu` or `audio/pcma` at 8 kHz; `audio.input.transcription` `model`, `language`, `prompt`;
-`audio.input.turn_detection` `server_vad` with `threshold`, `prefix_padding_ms`, `silence_duration_ms`, or
-`null` for manual commits; `noise_reduction` `near_field` or `far_field` denoises what the session's VAD hears
+`audio.input.turn_detection` `server_vad` with `threshold`, `prefix_padding_ms`, `silence_duration_ms`,
+`semantic_vad` with `eagerness` (the end-of-turn model judges each pause: realtime/live/end_of_turn.py), or `null`
+for manual commits; `noise_reduction` `near_field` or `far_field` denoises what the session's VAD hears
 (realtime/live/denoise.py), the engine reading the audio as it came; `include`
 `["item.input_audio_transcription.logprobs"]` puts each token's log probability on the deltas and the
 completed event, on engines that give them, and is refused with an `error` on others),

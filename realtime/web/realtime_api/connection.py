@@ -97,7 +97,8 @@ class RealtimeConnection:
     def open(self) -> None:
         s = self.service.settings
         self.session = self.service.open_session(self.id, self.on_event, vad_config=self.config.vad_config(
-            s.vad_config()), speakers=False, source="realtime")  # OpenAI's Realtime events have no speaker
+            s.vad_config()), speakers=False, source="realtime",  # OpenAI's Realtime events have no speaker
+            turn=self.config.turn_config())
         self._apply_options()
 
     def _apply_options(self) -> None:
@@ -252,8 +253,7 @@ class RealtimeConnection:
         old, self.config = self.config, new
         if new.format != old.format:
             self.audio = AudioInput(new.format)
-        if (new.vad, new.threshold, new.prefix_padding_ms, new.silence_duration_ms) != (
-                old.vad, old.threshold, old.prefix_padding_ms, old.silence_duration_ms):
+        if new.turn_detection != old.turn_detection:
             self.close()  # no audio yet: the session starts again with the new VAD settings
             self.open()
         else:

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from ...audio import FrameConverter
-from ...config import VADConfig
+from ...config import EAGERNESS, Eagerness, TurnConfig, VADConfig
 from ...engines import Engine
 from ...engines.base import unsupported_language, unsupported_logprobs
-from ...live import denoise
+from ...live import denoise, end_of_turn
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,9 @@ class Config:
     threshold: float = 0.5
     prefix_padding_ms: int = 200
     silence_duration_ms: int = 400
+    eagerness: Eagerness | None = None
+    """`semantic_vad`'s eagerness: the end-of-turn model ends a turn (realtime/live/end_of_turn.py); None for
+    `server_vad`."""
     noise_reduction: dict[str, Any] | None = None
     include: list[str] = field(default_factory=list)
 
@@ -119,12 +122,24 @@ class Config:
             pad_before_ms=self.prefix_padding_ms, min_silence_ms=self.silence_duration_ms,
             pad_after_ms=min(base.pad_after_ms, self.silence_duration_ms))
 
+    def turn_config(self) -> TurnConfig | None:
+        return TurnConfig(self.eagerness) if self.vad and self.eagerness is not None else None
+
+    @property
+    def turn_detection(self) -> tuple[Any, ...]:
+        """The settings a session's segmenter starts with, which cannot change once audio has come."""
+        return self.vad, self.threshold, self.prefix_padding_ms, self.silence_duration_ms, self.eagerness
+
     def as_session(self, session_id: str, expires_at: int) -> dict[str, Any]:
         fmt: dict[str, Any] = {"type": self.format}
         if self.format == "audio/pcm":
             fmt["rate"] = 24000
-        turn = ({"type": "server_vad", "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
-                 "silence_duration_ms": self.silence_duration_ms} if self.vad else None)
+        turn: dict[str, Any] | None = None
+        if self.vad and self.eagerness is not None:
+            turn = {"type": "semantic_vad", "eagerness": self.eagerness}
+        elif self.vad:
+            turn = {"type": "server_vad", "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
+                    "silence_duration_ms": self.silence_duration_ms}
         return {
             "type": "transcription", "id": session_id, "object": "realtime.transcription_session",
             "expires_at": expires_at, "include": list(self.include),
@@ -203,12 +218,20 @@ def apply_update(config: Config, session: Any, audio_started: bool, engine: Engi
             td = _dict(td, "session.audio.input.turn_detection")
             kind = td.get("type", "server_vad")
             if kind not in ("server_vad", "semantic_vad"):
-                raise EventError(f"turn_detection.type must be server_vad (got {kind!r})", "invalid_value",
-                                 "session.audio.input.turn_detection.type")
-            if kind == "semantic_vad":
-                log.info("semantic_vad is served as server_vad")
+                raise EventError(f"turn_detection.type must be server_vad or semantic_vad (got {kind!r})",
+                                 "invalid_value", "session.audio.input.turn_detection.type")
             new.vad = True
             p = "session.audio.input.turn_detection."
+            new.eagerness = None
+            if kind == "semantic_vad":
+                eagerness = td.get("eagerness") or "auto"
+                if eagerness not in EAGERNESS:
+                    raise EventError(f"eagerness must be one of {', '.join(EAGERNESS)} (got {eagerness!r})",
+                                     "invalid_value", p + "eagerness")
+                if not end_of_turn.available():
+                    raise EventError(f"this server has no end-of-turn model (pip install {end_of_turn.DISTRIBUTION})",
+                                     "unsupported_turn_detection", p + "type")
+                new.eagerness = eagerness
             if td.get("threshold") is not None:
                 th = td["threshold"]
                 if not isinstance(th, int | float) or isinstance(th, bool) or not 0.0 < th < 1.0:
@@ -236,8 +259,7 @@ def apply_update(config: Config, session: Any, audio_started: bool, engine: Engi
                                  "unsupported_noise_reduction", p)
             nr = {"type": kind}
         new.noise_reduction = nr
-    changed_audio = (new.format, new.vad, new.threshold, new.prefix_padding_ms, new.silence_duration_ms) != (
-        config.format, config.vad, config.threshold, config.prefix_padding_ms, config.silence_duration_ms)
+    changed_audio = (new.format, new.turn_detection) != (config.format, config.turn_detection)
     if changed_audio and audio_started:
         raise EventError("the audio format and turn detection cannot change once audio has been appended; open a "
                          "new session for other settings", "session_update_after_audio", "session.audio.input")

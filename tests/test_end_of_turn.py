@@ -1,0 +1,91 @@
+"""End of turn (realtime/live/end_of_turn.py) on real speech: the model tells a finished sentence from a pause inside
+one, and a segmenter that holds its pauses for it closes where it is told to, or at the eagerness's longest wait."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from realtime.audio import SAMPLE_RATE, decode_file
+from realtime.config import Settings, TurnConfig, VADConfig, from_namespace, parse_settings
+from realtime.live.end_of_turn import TurnModel, available
+from realtime.live.vad import SegmentEnd, Segmenter, SegmentStart
+
+from real_speech import DATA
+
+pytestmark = [pytest.mark.fast, pytest.mark.skipif(not available(), reason="needs pipecat-ai's Smart Turn weights")]
+
+JFK_MID = 4.45
+"""Just after "And so my fellow Americans, ask not" in jfk.flac: a pause inside its sentence."""
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SAMPLE_RATE), np.float32)
+
+
+def test_the_model_hears_a_finished_sentence_and_an_unfinished_one():
+    model = TurnModel.shared()
+    jfk = decode_file(DATA / "jfk.flac")
+    timit = decode_file(DATA / "timit-LDC93S1.flac")
+    unfinished = np.concatenate([jfk[: int(JFK_MID * SAMPLE_RATE)], silence(0.16)])
+    finished = np.concatenate([timit, silence(0.16)])
+    assert model.complete(finished) > 0.5 > model.complete(unfinished)
+    assert model.complete(jfk) > 0.5  # "...ask what you can do for your country."
+
+
+def events_of(seg: Segmenter, audio: np.ndarray) -> list[SegmentStart | SegmentEnd]:
+    out = []
+    for i in range(0, audio.size, 320):
+        out += seg.feed(audio[i:i + 320])
+    return out
+
+
+def test_a_held_pause_closes_when_the_turn_ends_or_at_the_longest_wait():
+    """A sentence with a 3 s pause in its middle: silence timing cuts it there; a segmenter that holds pauses up to
+    4 s keeps one segment through it; one that holds them up to 2 s closes at 2 s; and `end_turn` closes at once, at
+    the pause's start."""
+    jfk = decode_file(DATA / "jfk.flac")
+    cut = int(JFK_MID * SAMPLE_RATE)
+    paused = np.concatenate([jfk[:cut], silence(2.0), jfk[cut:], silence(0.5)])  # a 3 s pause in all
+
+    plain = Segmenter(VADConfig())
+    ends = [e for e in events_of(plain, paused) if isinstance(e, SegmentEnd)]
+    assert any(abs(e.end - JFK_MID) < 0.4 for e in ends), [e.end for e in ends]
+
+    held = Segmenter(VADConfig())
+    held.hold_s = 4.0
+    assert not any(abs(e.end - JFK_MID) < 0.4 for e in events_of(held, paused) if isinstance(e, SegmentEnd))
+
+    short = Segmenter(VADConfig())
+    short.hold_s = 2.0
+    first = next(e for e in events_of(short, paused) if isinstance(e, SegmentEnd))
+    assert abs(first.end - JFK_MID) < 0.4 and first.audio_start + first.audio.size / SAMPLE_RATE < JFK_MID + 0.5
+
+    told = Segmenter(VADConfig())
+    told.hold_s = 4.0
+    events_of(told, paused[: cut + int(0.3 * SAMPLE_RATE)])
+    assert told.pause is not None and told.pause_s > 0.1
+    closed = told.end_turn()
+    assert [type(e) for e in closed] == [SegmentEnd]
+    assert abs(closed[0].end - JFK_MID) < 0.4 and told.pause is None and not told.active
+
+
+def test_end_of_turn_settings():
+    assert parse_settings([]).turn_config() is None
+    assert parse_settings(["--end-of-turn", "high"]).turn_config() == TurnConfig("high")
+    assert TurnConfig("low").max_wait_s == 8.0 and TurnConfig().max_wait_s == 4.0
+    with pytest.raises(ValueError, match="end-of-turn"):
+        from_namespace(parse_args_of(["--end-of-turn", "sometimes"]))
+    with pytest.raises(ValueError):
+        TurnConfig("eventually")  # type: ignore[arg-type]
+    assert Settings().end_of_turn == "silence"
+
+
+def parse_args_of(argv: list[str]):
+    import argparse
+
+    from realtime.config import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
