@@ -137,6 +137,12 @@ def test_peers_score_stamps_each_utterance_from_the_servers_own_text():
     # a misheard word still pairs with its utterance; an utterance with nothing said of it is never final
     misheard = [(2.5, "Hello there my fiend.", "Hello there my fiend.")]
     assert score(misheard, utts[:2]).final_s == [0.5, None]
+    # `bench turns`: an utterance finalised in two pieces is split; one final holding two utterances merged them
+    split = [(1.5, "Hello there", "Hello there"), (2.3, first, first), (5.8, f"{first} How are you today?",
+                                                                        f"{first} How are you today?")]
+    assert (score(split, utts[:2]).pieces, score(split, utts[:2]).merged) == ([2, 1], 0)
+    both = [(5.8, f"{first} How are you today?", f"{first} How are you today?")]
+    assert (score(both, utts[:2]).pieces, score(both, utts[:2]).merged) == ([1, 1], 1)
 
 
 @pytest.mark.fast

@@ -218,3 +218,45 @@ def test_a_final_is_queued_at_the_pause_only_while_the_engine_has_no_other_sessi
     assert asyncio.run(silent_windows_before_queued(busy=False)) == 0
     waited = asyncio.run(silent_windows_before_queued(busy=True))
     assert waited is not None and (waited + 1) * WINDOW / 16000 >= 0.4  # the pause heard by then: the close
+
+
+@pytest.mark.fast
+def test_a_finished_sentence_closes_when_the_end_of_turn_model_says_so():
+    """Issue 41: a session with end of turn has a real finished sentence's pause judged once it lasts 160 ms, and
+    its segment closes then, at the pause's start, where silence timing waits for the VAD's 400 ms; the page's choice
+    (`apply_page_inputs`) turns it on and off for a session."""
+    from fake_engine import ScriptedEngine
+
+    from realtime.config import TurnConfig
+    from realtime.live.end_of_turn import available
+    from realtime.web.handler import apply_page_inputs
+
+    from real_speech import DATA
+
+    if not available():
+        pytest.skip("needs pipecat-ai's Smart Turn weights")
+    audio = np.concatenate([decode_file(DATA / "timit-LDC93S1.flac"), np.zeros(SAMPLE_RATE, np.float32)])
+
+    async def closed_after(turn: str) -> float:
+        """Stream seconds from the end of speech to the segment's close."""
+        service = TranscriptionService(Settings(), engine=ScriptedEngine())
+        await service.start()
+        stops: list[tuple[float, float]] = []
+        session = service.open_session("s", lambda e: None)
+        apply_page_inputs(service, session, None, False, True, turn)
+        assert session.turn == (None if turn == "silence" else TurnConfig(turn))  # type: ignore[arg-type]
+        session.on_event = lambda e: (stops.append((session.stream_time, e.audio_end))
+                                        if e.type == "speech_stopped" else None)
+        for i in range(0, audio.size, FRAME):
+            session.feed(audio[i:i + FRAME])
+            if session.judging is not None:
+                await session.judging
+            await asyncio.sleep(0)
+        service.close_session("s")
+        await service.stop()
+        assert len(stops) == 1, stops
+        return stops[0][0] - stops[0][1]
+
+    silence, turn = asyncio.run(closed_after("silence")), asyncio.run(closed_after("high"))
+    print(f"\nclosed {silence:.2f} s after the speech with silence timing, {turn:.2f} s with end of turn")
+    assert silence >= 0.4 and 0.1 < turn < 0.3

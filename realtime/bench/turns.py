@@ -140,6 +140,24 @@ def _figures(traces: list[Trace], utts: list[Utterance]) -> dict[str, Any]:
             "failed_clients": sum(t.error is not None for t in traces)}
 
 
+def model_cost(audio: np.ndarray, calls: int = 40) -> dict[str, float]:
+    """The end-of-turn model in this process: seconds to load it, and per call (median), wall and CPU, on one thread."""
+    from ..live.end_of_turn import TurnModel
+
+    t = time.perf_counter()
+    model = TurnModel()
+    load = time.perf_counter() - t
+    walls, cpus = [], []
+    for i in range(calls):
+        end = (i + 1) * audio.size // (calls + 1)
+        w, c = time.perf_counter(), time.thread_time()
+        model.complete(audio[:end])
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.thread_time() - c)
+    return {"load_s": round(load, 3), "call_ms": round(1000 * statistics.median(walls), 1),
+            "call_cpu_ms": round(1000 * statistics.median(cpus), 1)}
+
+
 def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in rows[0]:
@@ -158,6 +176,8 @@ def bench_turns(args: argparse.Namespace) -> dict[str, Any]:
     import soundfile as sf
 
     sf.write(str(warm), audio[: 5 * SAMPLE_RATE], SAMPLE_RATE, subtype="PCM_16")
+    cost = model_cost(audio)
+    print(json.dumps({"model": cost}), file=sys.stderr, flush=True)
     per: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     servers: dict[str, Server] = {}
     try:
@@ -186,7 +206,7 @@ def bench_turns(args: argparse.Namespace) -> dict[str, Any]:
     results = [{"mode": m, "transport": t, "clients": n, **_median(rows), "runs": rows}
                for (m, t, n), rows in per.items()]
     doc = {"kind": "turns", "machine": _machine(), "weights": "tiny.en (CTranslate2 int8, bundled)", "input": what,
-           "runs": args.runs, "results": results}
+           "runs": args.runs, "model": cost, "results": results}
     write_outputs(out, "turns", doc, _table(doc), lambda p: None)
     return doc
 
@@ -198,6 +218,9 @@ def _table(doc: dict[str, Any]) -> str:
             "two utterances; lost: utterances never final.\n\n"
             "| transport | clients | end of turn | final p50 | final p95 | split | merged | lost | WER | "
             "app CPU per client |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    m = doc["model"]
+    foot = (f"\nThe end-of-turn model: {m['load_s']:.2f} s to load, {m['call_ms']:.0f} ms a call "
+            f"({m['call_cpu_ms']:.0f} ms of CPU, one thread), one call per pause that lasts 160 ms.\n")
     rows = sorted(doc["results"], key=lambda r: (r["transport"] != "webrtc", r["clients"], r["mode"]))
     lines = []
     for r in rows:
@@ -205,4 +228,4 @@ def _table(doc: dict[str, Any]) -> str:
         lines.append(f"| {r['transport']} | {r['clients']} | {r['mode']} | {r['final_p50']:.2f} s | "
                      f"{r['final_p95']:.2f} s | {r['split']:g} of {r['utterances']:g} | {r['merged']:g} | "
                      f"{r['lost']:g} | {100 * r['wer']:.1f} % | {'-' if cpu is None else f'{cpu:.3f}'} |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n" + foot

@@ -116,6 +116,7 @@ class TranscriptionSession:
         the eagerness's longest wait; without it, after the VAD's minimum silence."""
         self._turn_model = turn_model
         self._judged: tuple[int, float] | None = None
+        self._verdict: asyncio.Future[float] | None = None
         self.turns_judged: list[tuple[float, bool]] = []
         """Each pause the turn model judged: (stream seconds where the speech stopped, complete)."""
         self.choose_turn(turn)
@@ -210,6 +211,12 @@ class TranscriptionSession:
         model = self._turn_model
         future = asyncio.get_running_loop().run_in_executor(model.pool, model.complete, seg.audio_so_far())
         future.add_done_callback(lambda f: self._on_turn(pause, f))
+        self._verdict = future
+
+    @property
+    def judging(self) -> asyncio.Future[float] | None:
+        """The end-of-turn model's verdict on the open pause while it is being reached, else None."""
+        return self._verdict if self._verdict is not None and not self._verdict.done() else None
 
     def _on_turn(self, pause: tuple[int, float], future: asyncio.Future[float]) -> None:
         if self.closed or future.cancelled():
