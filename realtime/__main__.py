@@ -44,7 +44,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         # words' times) ask for Whisper's timestamps, or go segment by segment on engines that have none
         timed = args.format != "text" or diarizer is not None
         options = TranscribeOptions(language=settings.language, timestamps=timed,
-                                    word_timestamps=diarizer is not None and engine.word_timestamps)
+                                    word_timestamps=diarizer is not None and engine.word_timestamps,
+                                    vocabulary=settings.vocabulary_terms)
         window = (settings.file_window_s or None) if engine.timestamps or not timed else None
         for path in args.files:
             speech: list[tuple[float, float]] = []

@@ -110,6 +110,10 @@ class Settings:
                             "whose weights come in the pipecat-ai package) judges each pause, a finished turn closes "
                             "at once and an unfinished one waits up to 8, 4, 2 or 4 s (OpenAI's semantic_vad "
                             "eagerness). The Realtime API's sessions choose for themselves", default="silence")
+    vocabulary: str = _opt("terms (names, jargon) the speech may hold, comma-separated: Whisper reads them before "
+                           "each segment (faster-whisper's hotwords; the prompt for vLLM and remote endpoints). "
+                           "Live sessions, the page, the CLI and the HTTP API use it unless they give their own",
+                           default="")
     vad_threshold: float = _opt("speech probability that starts a segment", default=VADConfig.threshold)
     vad_neg_threshold: float = _opt("lower probability under which silence is counted", default=VADConfig.neg_threshold)
     vad_min_speech_ms: int = _opt("shortest speech kept as a segment (ms)", default=VADConfig.min_speech_ms)
@@ -231,6 +235,12 @@ class Settings:
                                  "deltas become the tentative words), for an endpoint that is another instance of "
                                  "this app", default=False)
 
+    @property
+    def vocabulary_terms(self) -> tuple[str, ...]:
+        from .engines.types import vocabulary_of
+
+        return vocabulary_of(self.vocabulary)
+
     def turn_config(self) -> TurnConfig | None:
         """End of turn for the page's sessions; None where a pause of the VAD's minimum silence ends a segment."""
         if self.end_of_turn == "silence":
@@ -269,7 +279,7 @@ def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
 
 ENGINE_FLAGS: tuple[str, ...] = ("engine", "model", "compute_type", "device", "cpu_threads", "beam_size", "language",
                 "vad_threshold", "vad_neg_threshold", "vad_min_speech_ms", "vad_min_silence_ms",
-                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s", "file_window_s")
+                "vad_pad_before_ms", "vad_pad_after_ms", "max_segment_s", "file_window_s", "vocabulary")
 ENGINE_FLAGS += tuple(name for name in Settings.__dataclass_fields__ if name.startswith("vllm_"))
 ENGINE_FLAGS += ("remote_url", "remote_token", "remote_model", "remote_timeout", "remote_connect_timeout",
                  "remote_retries", "remote_max_in_flight", "remote_fallback", "remote_stream")
@@ -304,6 +314,7 @@ def from_namespace(ns: argparse.Namespace, environ: dict[str, str] | None = None
     settings = Settings(**values)
     settings.vad_config()  # validates
     settings.turn_config()
+    settings.vocabulary_terms  # noqa: B018 (validates)
     return settings
 
 

@@ -89,3 +89,21 @@ def parse_args_of(argv: list[str]):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def test_a_vocabulary_is_read_from_a_string_or_a_list_and_goes_before_the_prompt():
+    """Issue 41's vocabulary (realtime/engines/types.py): what every engine reads before the audio."""
+    from realtime.engines.types import MAX_TERMS, TranscribeOptions, vocabulary_of
+
+    assert vocabulary_of(" Abigail  Claflin, Abbie,,Abbie ") == ("Abigail Claflin", "Abbie")
+    assert vocabulary_of(["Linnell", "Birket Foster, Carker"]) == ("Linnell", "Birket Foster", "Carker")
+    assert vocabulary_of(None) == vocabulary_of("") == ()
+    with pytest.raises(ValueError, match="at most"):
+        vocabulary_of([f"t{i}" for i in range(MAX_TERMS + 1)])
+    with pytest.raises(ValueError):
+        vocabulary_of("x" * 61)
+    both = TranscribeOptions(prompt=" Earlier, she said. ", vocabulary=("Claflin", "Abbie"))
+    assert both.whisper_prompt == "Claflin, Abbie Earlier, she said."
+    assert TranscribeOptions(vocabulary=("Claflin",)).whisper_prompt == "Claflin"
+    assert TranscribeOptions(prompt="x").whisper_prompt == "x" and TranscribeOptions().whisper_prompt is None
+    assert parse_settings(["--vocabulary", "Claflin, Abbie"]).vocabulary_terms == ("Claflin", "Abbie")

@@ -489,6 +489,34 @@ def test_semantic_vad_waits_through_a_pause_inside_a_sentence_as_its_eagerness_s
     assert (error.code, error.param) == ("invalid_value", "session.audio.input.turn_detection.eagerness"), error
 
 
+def test_a_session_vocabulary_is_shown_and_a_bad_one_refused(keyed_app):
+    """Issue 41: `audio.input.transcription.vocabulary` (our extension, a list of terms) is the session's from the next
+    segment on (tests/test_api.py checks what a vocabulary does to real speech); `session.updated` shows it, and a
+    list too long is refused, naming its field, the session keeping its own."""
+    async def scenario() -> tuple[Any, Any, Any]:
+        async with sdk(keyed_app).realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            rec = Recorder(conn)
+            await rec.until(lambda: bool(rec.events))
+            await conn.send_raw(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"transcription": {"vocabulary": ["Abigail Claflin", "Abbie"]}}}}}))
+            updated = await rec.next("session.updated", 0)
+            n = len(rec.events)
+            await conn.send_raw(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"transcription": {"vocabulary": [f"t{i}" for i in range(101)]}}}}}))
+            error = await rec.next("error", n)
+            n = len(rec.events)
+            await rec.read_up_to_here(conn)
+            kept = await rec.next("session.updated", n)
+            await conn.close()
+        rec.task.cancel()
+        return updated, error, kept
+
+    updated, error, kept = run(scenario())
+    assert updated.session.audio.input.transcription.model_extra["vocabulary"] == ["Abigail Claflin", "Abbie"]
+    assert (error.error.code, error.error.param) == ("invalid_value", "session.audio.input.transcription.vocabulary")
+    assert kept.session.audio.input.transcription.model_extra["vocabulary"] == ["Abigail Claflin", "Abbie"]
+
+
 def transcribed_again(app: App, sid: str, reference: str) -> None:
     """Issue 40: the session's audio was kept (`--keep-audio`); `POST /v1/transcripts/{id}/retranscribe` with the
     multilingual base replaces its live draft (tiny.en), which reads back as version 1, and the downloads give the

@@ -11,13 +11,14 @@
     python -m realtime bench speakers [--dir tests/data/speakers]  (bench/speakers.py: DER against RTTM references)
     python -m realtime bench peers  [--clients 1,4,8] [--systems ...]  (bench/peers.py: WhisperLive, WhisperLiveKit)
     python -m realtime bench turns  [--modes silence,high,medium] [--clients 1,8]  (bench/turns.py: end of turn)
+    python -m realtime bench vocabulary [--models tiny.en,base]  (bench/vocabulary.py: rare names, with and without)
 
 All take --out DIR. A manifest is tests/data/manifest.tsv's format: real clips with their reference texts.
 
 Each writes DIR/bench-<kind>.json, a Markdown table DIR/bench-<kind>.md and a chart DIR/bench-<kind>.png.
 Speed is reported as medians over several runs after a warm-up, and as ratios measured in the same run.
-One module per benchmark (files, compilations, stream, soak, quant, pool, gpu, speakers, peers, turns), what they
-share in common.py, the command line in cli.py; corpus.py (real clips, random compilations of them, WER and lost
-speech), synth.py (synthesized speech) and client.py (the WebRTC client) serve them and the tests.
+One module per benchmark (files, compilations, stream, soak, quant, pool, gpu, speakers, peers, turns, vocabulary),
+what they share in common.py, the command line in cli.py; corpus.py (real clips, random compilations of them, WER and
+lost speech), synth.py (synthesized speech) and client.py (the WebRTC client) serve them and the tests.
 Needs espeak-ng and sox (synthesized speech), jiwer and whisper-normalizer (WER), matplotlib (charts).
 """

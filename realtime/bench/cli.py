@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
     from .retranscribe import add_parser as add_retranscribe_parser
     from .speakers import add_parser as add_speakers_parser
     from .turns import add_parser as add_turns_parser
+    from .vocabulary import add_parser as add_vocabulary_parser
 
     add_peers_parser(sub)
     add_pool_parser(sub)
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> int:
     add_retranscribe_parser(sub)
     add_denoise_parser(sub)
     add_turns_parser(sub)
+    add_vocabulary_parser(sub)
     one = sub.add_parser("quant-one")
     one.add_argument("model")
     one.add_argument("compute_type")
@@ -131,6 +133,10 @@ def main(argv: list[str]) -> int:
         from .history import bench_history
 
         bench_history(args)
+    elif args.kind == "vocabulary":
+        from .vocabulary import bench_vocabulary
+
+        bench_vocabulary(args)
     elif args.kind == "turns":
         from .turns import bench_turns
 

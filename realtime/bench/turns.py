@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
 import statistics
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE
+from ..audio import SAMPLE_RATE, decode_file
 from ..config import MAX_WAIT_S
 from .common import ROOT, _machine, write_outputs
 from .peers import (
@@ -40,6 +41,60 @@ from .peers import (
     start,
 )
 
+PAUSE_S = (0.6, 1.5)
+"""The pause a speaker makes inside each sentence: its length is drawn from this range."""
+GAP_S = 1.2
+"""The pause between sentences."""
+
+
+def _inner_gap(audio: np.ndarray) -> tuple[int, int] | None:
+    """The pause between two words nearest the middle of a clip (between a third and two thirds of it), as sample
+    indices of its silence; None where the clip has none."""
+    from ..config import VADConfig
+    from ..live.vad import SegmentEnd, Segmenter
+
+    seg = Segmenter(VADConfig(min_silence_ms=64, pad_before_ms=0, pad_after_ms=0))
+    ends = [e for e in seg.feed(audio) + seg.flush() if isinstance(e, SegmentEnd)]
+    gaps = [(int(a.end * SAMPLE_RATE), int(b.start * SAMPLE_RATE)) for a, b in itertools.pairwise(ends)]
+    n = audio.size
+    inside = [g for g in gaps if n / 3 <= g[0] <= 2 * n / 3 and g[1] > g[0]]
+    return min(inside, key=lambda g: abs(g[0] - n / 2)) if inside else None
+
+
+def paused_sentences(manifest: Path, seconds: float, out: Path, seed: int = 41) -> tuple[np.ndarray, list[Utterance],
+                                                                                            str]:
+    """Real clips of the manifest (read, short, spontaneous, up to 12 s) with a pause between two words near their
+    middle stretched to a length drawn from `PAUSE_S` (its own room tone, repeated), `GAP_S` apart: a speaker who
+    stops mid-sentence, as the issue's users do. Clips without such a pause are left out."""
+    import random
+
+    from .corpus import read_manifest
+
+    rng = random.Random(seed)
+    parts = [np.zeros(SAMPLE_RATE // 2, np.float32)]
+    utts, t, total = [], 0.5, 0.0
+    for clip in read_manifest(manifest, {"short", "read", "spontaneous"}, longest=12.0):
+        audio = decode_file(clip.path)
+        gap = _inner_gap(audio)
+        if gap is None or total + clip.duration > seconds:
+            continue
+        a, b = gap
+        tone = audio[a:b]
+        need = int(rng.uniform(*PAUSE_S) * SAMPLE_RATE) - (b - a)
+        filler = np.resize(tone, max(0, need)) if tone.size else np.zeros(max(0, need), np.float32)
+        spoken = np.concatenate([audio[:b], filler, audio[b:]])
+        utts.append(Utterance(t, t + spoken.size / SAMPLE_RATE, clip.text))
+        parts += [spoken, np.zeros(int(GAP_S * SAMPLE_RATE), np.float32)]
+        t += spoken.size / SAMPLE_RATE + GAP_S
+        total += clip.duration
+    import soundfile as sf
+
+    joined = np.concatenate(parts)
+    sf.write(str(out / "turns-speech.wav"), joined, SAMPLE_RATE, subtype="PCM_16")
+    return joined, utts, (f"{len(utts)} real utterances ({total:.0f} s of speech), each with a pause of "
+                          f"{PAUSE_S[0]:g} to {PAUSE_S[1]:g} s stretched between two words near its middle, "
+                          f"{GAP_S:g} s apart (seed {seed})")
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("turns", help="end of turn (the end-of-turn model) against silence timing, live")
@@ -48,6 +103,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--audio", default=str(ROOT / "tests" / "data" / "manifest.tsv"))
     p.add_argument("--seconds", type=float, default=90.0, help="speech taken from the manifest (s)")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--as-recorded", action="store_true",
+                   help="the clips as they are (bench peers' input), no pause stretched inside them")
+    p.add_argument("--seed", type=int, default=41, help="draws the stretched pauses' lengths")
     p.add_argument("--out", default="bench-out")
 
 
@@ -171,7 +229,10 @@ def bench_turns(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     clients = [int(c) for c in args.clients.split(",")]
-    audio, utts, what = _utterances(Path(args.audio), args.seconds, out)
+    if args.as_recorded:
+        audio, utts, what = _utterances(Path(args.audio), args.seconds, out)
+    else:
+        audio, utts, what = paused_sentences(Path(args.audio), args.seconds, out, args.seed)
     warm = out / "turns-warmup.wav"
     import soundfile as sf
 

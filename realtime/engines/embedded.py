@@ -258,7 +258,7 @@ class EmbeddedEngine(EngineBase):
                 long.append(i)
             else:  # a file's clips go with clips of their own encoder length: their text is theirs alone
                 own = None if opts.partial or opts.live else encoder_frames(audio.size // 160 + 1, False)
-                key = (opts.language or self.language, opts.task, opts.prompt,
+                key = (opts.language or self.language, opts.task, opts.prompt, opts.vocabulary,
                        1 if opts.partial else self.beam_size, opts.temperature, opts.partial, opts.word_timestamps, own)
                 groups.setdefault(key, []).append(i)
 
@@ -350,8 +350,11 @@ class EmbeddedEngine(EngineBase):
         for lang in languages:
             tok = self._tokenizer(lang, task)
             prompt: list[int] = []
-            if options.prompt:
-                prompt = [tok.sot_prev, *tok.encode(" " + options.prompt.strip())[-MAX_PROMPT_TOKENS:]]
+            if options.whisper_prompt:  # faster-whisper's hotwords first, then the prompt's last tokens
+                terms = tok.encode(" " + options.terms)[: MAX_PROMPT_TOKENS // 2] if options.terms else []
+                said = (options.prompt or "").strip()
+                told = tok.encode(" " + said)[-(MAX_PROMPT_TOKENS - len(terms)):] if said else []
+                prompt = [tok.sot_prev, *terms, *told]
             prompts.append([*prompt, *tok.sot_sequence, tok.no_timestamps])
             tokenizers.append(tok)
         suppress = list(get_suppressed_tokens(tokenizers[0], [-1]))
@@ -488,6 +491,7 @@ class EmbeddedEngine(EngineBase):
             best_of=policy.BEST_OF,
             temperature=list(policy.temperatures(options)),
             initial_prompt=options.prompt or None,
+            hotwords=options.terms,
             condition_on_previous_text=False,
             without_timestamps=not (options.timestamps or options.word_timestamps),
             word_timestamps=options.word_timestamps and not align,

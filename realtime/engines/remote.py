@@ -413,13 +413,13 @@ class RemoteEngine(EngineBase):
             language = options.language or self.language
             if language and options.task != "translate":
                 data["language"] = language
-            if options.prompt and ep.owner == "vllm":
+            if options.whisper_prompt and ep.owner == "vllm":
                 if not ep.prompt_warned:
                     ep.prompt_warned = True
                     log.warning("%s is vLLM's server, which mangles Whisper prompts (<|prev|>, vllm#53206): "
                                 "prompts are not sent to it", ep.url)
-            elif options.prompt:
-                data["prompt"] = options.prompt
+            elif options.whisper_prompt:
+                data["prompt"] = options.whisper_prompt
             if options.temperature is not None:
                 data["temperature"] = str(options.temperature)
             if self.stream and not options.timestamps:
@@ -471,7 +471,7 @@ class RemoteEngine(EngineBase):
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         language = options.language or self.language
-        prompt = options.prompt[-REALTIME_MAX_PROMPT:] if options.prompt else None
+        prompt = options.whisper_prompt[-REALTIME_MAX_PROMPT:] if options.whisper_prompt else None
         transcription: dict[str, Any] = {"model": self.model or ep.model or "whisper-1"}
         if language:
             transcription["language"] = language

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,12 +18,38 @@ APP_OWNER = "realtime-transcription"
 """`owned_by` of this app's /v1/models entry: how the remote engine knows an endpoint is this app or its pool."""
 
 
+MAX_TERMS = 100
+MAX_TERM_CHARS = 60
+
+
+def vocabulary_of(raw: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A vocabulary from a comma-separated string or a list of terms (each may hold commas too), blanks and repeats
+    dropped; ValueError for too many terms or a term too long."""
+    items = [raw] if isinstance(raw, str) else list(raw or ())
+    terms: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError("vocabulary terms must be strings")
+        for term in item.split(","):
+            term = re.sub(r"\s+", " ", term).strip()
+            if term and term not in terms:
+                terms.append(term)
+    if len(terms) > MAX_TERMS:
+        raise ValueError(f"a vocabulary holds at most {MAX_TERMS} terms (got {len(terms)})")
+    if any(len(t) > MAX_TERM_CHARS for t in terms):
+        raise ValueError(f"a vocabulary term is at most {MAX_TERM_CHARS} characters")
+    return tuple(terms)
+
+
 @dataclass(frozen=True)
 class TranscribeOptions:
     language: str | None = None
     """ISO code; None lets a multilingual model detect it (English-only models always use English)."""
     task: Literal["transcribe", "translate"] = "transcribe"
     prompt: str | None = None
+    vocabulary: tuple[str, ...] = ()
+    """Terms (names, jargon) the speech may hold: Whisper reads them before the audio, ahead of `prompt`, as
+    faster-whisper's `hotwords` (`whisper_prompt`)."""
     temperature: float | None = None
     """None: greedy with the engine's temperature fallback; a number: that temperature only."""
     partial: bool = False
@@ -43,6 +71,20 @@ class TranscribeOptions:
     """Times are asked only to check that the text covers the clip's speech (realtime/live/coverage.py): an engine may
     answer with word times instead of timed pieces (the remote engine asks an endpoint that is this app to decode
     the clip as its own file path would)."""
+
+
+    @property
+    def terms(self) -> str | None:
+        """The vocabulary as the text Whisper reads, or None."""
+        return ", ".join(self.vocabulary) if self.vocabulary else None
+
+    @property
+    def whisper_prompt(self) -> str | None:
+        """What an engine puts before the audio as Whisper's previous text: the vocabulary's terms, then the prompt
+        (the order faster-whisper gives `hotwords` and `initial_prompt`). Every engine that takes a prompt takes
+        this."""
+        parts = [p for p in (self.terms, (self.prompt or "").strip()) if p]
+        return " ".join(parts) if parts else None
 
 
 @dataclass(frozen=True)

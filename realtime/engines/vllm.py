@@ -509,8 +509,8 @@ class VllmEngine(EngineBase):
         language = options.language or self.settings.language
         if language:
             params["language"] = language
-        if options.prompt:
-            params["prompt"] = options.prompt
+        if options.whisper_prompt:
+            params["prompt"] = options.whisper_prompt
         if options.temperature is not None:
             params["temperature"] = options.temperature
         params["max_tokens"] = policy.max_new_tokens(audio.size / SAMPLE_RATE)

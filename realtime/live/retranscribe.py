@@ -121,7 +121,8 @@ class Retranscriber:
                 languages = [e.language for e in old if e.language]
                 language = max(set(languages), key=languages.count) if languages else None
             window = (self.settings.file_window_s or None) if engine.timestamps else None
-            options = TranscribeOptions(language=language, timestamps=bool(engine.timestamps))
+            options = TranscribeOptions(language=language, timestamps=bool(engine.timestamps),
+                                        vocabulary=self.settings.vocabulary_terms)
             entries: list[Entry] = []
             async for end, result in transcribe_results(audio, worker, self.settings.vad_config(), options,
                                                         window_s=window):

@@ -186,6 +186,7 @@ class TranscriptionService:
             on_audio=self.history.listen(session_id) if self.history is not None else None,
             turn=s.turn_config() if turn == "app" else turn,
         )
+        session.options = dataclasses.replace(session.options, vocabulary=s.vocabulary_terms)
         self.sessions[session_id] = session
         log.info("session %s opened (%d live)", session_id, len(self.sessions))
         return session

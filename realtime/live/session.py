@@ -248,7 +248,8 @@ class TranscriptionSession:
         segment, start, end = seg.segment, seg.speech_start, self.stream_time
         job = Job(self.id, segment, seg.audio_so_far(), "partial",
                   TranscribeOptions(language=self.options.language, task=self.options.task, partial=True,
-                                    logprobs=self.options.logprobs),
+                                    logprobs=self.options.logprobs, prompt=self.options.prompt,
+                                    vocabulary=self.options.vocabulary),
                   on_text=lambda text: self._on_partial_text(segment, start, end, text))
         future = self.worker.submit(job)
         future.add_done_callback(lambda f: self._on_partial(segment, start, end, f))

@@ -429,7 +429,9 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
             live = lane_hints and request.headers.get(LANE_HEADER, "").strip().lower() == "final"
             options = TranscribeOptions(language=params.language, task=task,  # type: ignore[arg-type]
                                         prompt=params.prompt, temperature=params.temperature, live=live,
-                                        logprobs=params.logprobs)
+                                        logprobs=params.logprobs,
+                                        vocabulary=settings.vocabulary_terms if params.vocabulary is None
+                                        else params.vocabulary)
             if not params.stream:
                 if params.response_format == "verbose_json" and \
                         request.headers.get(CLIP_HEADER, "").strip().lower() == "checked":

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.formparsers import MultiPartException
 
 from ..audio import SAMPLE_RATE, AudioDecodeError, decode_file
+from ..engines.types import vocabulary_of
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ class Params:
     """`include[]` has `logprobs`: json (and its stream's events) carry each token's log probability."""
     store: bool = False
     """`store=true`: the transcript is kept in the history (its id in the `X-Transcript-Id` header)."""
+    vocabulary: tuple[str, ...] | None = None
+    """`vocabulary` (comma-separated) or `vocabulary[]` (our extension): terms the speech may hold; None: the app's
+    `--vocabulary`."""
 
 
 def unavailable(message: str, retry_after: float, code: str = "engine_unavailable") -> APIError:
@@ -204,6 +208,13 @@ def parse_params(fields: dict[str, str], lists: dict[str, list[str]] | None = No
     prompt = fields.get("prompt") or None
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
         raise APIError(422, f"prompt is longer than {MAX_PROMPT_CHARS} characters", "invalid_prompt")
+    vocabulary = None
+    given = [v for k in ("vocabulary[]", "vocabulary") for v in (lists or {}).get(k, [fields.get(k) or ""]) if v]
+    if given:
+        try:
+            vocabulary = vocabulary_of(given)
+        except ValueError as exc:
+            raise APIError(422, str(exc), "invalid_vocabulary") from None
     temperature: float | None = None
     raw_t = (fields.get("temperature") or "").strip()
     if raw_t:
@@ -238,7 +249,8 @@ def parse_params(fields: dict[str, str], lists: dict[str, list[str]] | None = No
         raise APIError(422, "include[]=logprobs needs response_format=json", "invalid_include")
     return Params(fmt_, stream, language, prompt, temperature, model,
                   words="word" in granularities or max_line is not None, max_line_chars=max_line,
-                  diarize=diarize, known_speakers=known, logprobs="logprobs" in include, store=store)
+                  diarize=diarize, known_speakers=known, logprobs="logprobs" in include, store=store,
+                  vocabulary=vocabulary)
 
 
 def check_audio(path: Path, declared: str) -> None:

@@ -11,6 +11,7 @@ transcript after a stop and a new start.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from fastrtc.utils import get_current_context
 
 from ..audio import SAMPLE_RATE, FrameConverter
 from ..config import MAX_WAIT_S, TurnConfig
+from ..engines.types import vocabulary_of
 from ..live import end_of_turn
 from ..live.events import PAGE_EVENTS, Event
 from ..live.service import TranscriptionService
@@ -51,16 +53,26 @@ def page_turn(value: str) -> str:
     return "medium" if value == "auto" else value
 
 
+def page_vocabulary(service: TranscriptionService, value: Any) -> tuple[str, ...]:
+    """The terms of the page's vocabulary box; the app's `--vocabulary` where it is not a vocabulary."""
+    try:
+        return vocabulary_of(value) if isinstance(value, str) else service.settings.vocabulary_terms
+    except ValueError:
+        return service.settings.vocabulary_terms
+
+
 def apply_page_inputs(service: TranscriptionService, session: TranscriptionSession, language: Any,
-                      translate: Any, speakers: Any = True, turn: Any = None) -> None:
+                      translate: Any, speakers: Any = True, turn: Any = None, vocabulary: Any = None) -> None:
     """The page's (language, translate, speaker labels, end of a line) on `session`: a language the engine does not
     take, or translation on an engine that cannot, leaves the app's setting; speaker labels switched off stay off
-    for the session; an end of a line the page does not offer (or with no end-of-turn model) leaves the app's."""
+    for the session; an end of a line the page does not offer (or with no end-of-turn model) leaves the app's, and so
+    does a vocabulary that is none."""
     engine = service.engine
     chosen = picked_language(engine.languages, language, service.settings.language)
     session.choose(chosen, "translate" if translate and engine.translates else "transcribe")
     if not speakers:
         session.speakers = None
+    session.options = dataclasses.replace(session.options, vocabulary=page_vocabulary(service, vocabulary))
     if turn == "silence":
         session.choose_turn(None)
     elif turn in MAX_WAIT_S and end_of_turn.available():

@@ -34,7 +34,15 @@ from ..live.transcribe import SegmentStream, timed_entries, transcribe_results
 from ..live.transcript import Entry, TranscriptSnapshot
 from ..live.vad import SegmentEnd
 from .access import session_token
-from .handler import DETECT, TURN_CHOICES, TranscriptionHandler, apply_page_inputs, page_turn, picked_language
+from .handler import (
+    DETECT,
+    TURN_CHOICES,
+    TranscriptionHandler,
+    apply_page_inputs,
+    page_turn,
+    page_vocabulary,
+    picked_language,
+)
 from .turn import Turn, TurnError
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -227,10 +235,12 @@ def _probe_duration(path: Path) -> float | None:
 
 
 async def transcribe_upload(service: TranscriptionService, path: str | None,
-                            language: str | None = None, speakers: bool = True) -> AsyncIterator[tuple[str, str, str]]:
+                            language: str | None = None, speakers: bool = True,
+                            vocabulary: str | None = None) -> AsyncIterator[tuple[str, str, str]]:
     """(progress, text, downloads) HTML as the file's segments are cut and transcribed; `language` is the
     picker's value (None: the app's setting). With the speaker model loaded (and `speakers`), the lines are
-    labelled with their speakers once the whole file is heard."""
+    labelled with their speakers once the whole file is heard; `vocabulary` is the vocabulary box's text (None: the
+    app's `--vocabulary`)."""
     if not path:
         yield "", render_file_text([], {}), ""
         return
@@ -249,7 +259,8 @@ async def transcribe_upload(service: TranscriptionService, path: str | None,
     labelling = speakers and service.speakers_ready
     # speaker labels go by the words' times: a line spoken by two people is cut where the speaker changes
     options = TranscribeOptions(language=chosen, timestamps=bool(engine.timestamps),
-                                word_timestamps=bool(labelling and engine.word_timestamps))
+                                word_timestamps=bool(labelling and engine.word_timestamps),
+                                vocabulary=page_vocabulary(service, vocabulary))
     yield render_progress(0, 0, True, 0, duration), render_file_text([], {}), ""
     try:
         async for end, result in transcribe_results(path, service.file_worker(), options=options, stream=segments):
@@ -413,6 +424,10 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                                                 info="finals and partials in English", elem_id="rt-translate")
                         speakers = gr.Checkbox(True, label="Speaker labels", visible=settings.diarize,
                                                info="who spoke each line", elem_id="rt-speakers")
+                        vocabulary = gr.Textbox(settings.vocabulary, label="Vocabulary", max_lines=2,
+                                                placeholder="names and terms, comma-separated",
+                                                info="words the speech may hold that the model may not know",
+                                                elem_id="rt-vocabulary")
                         waiting = gr.Dropdown(list(TURN_CHOICES), value=page_turn(settings.end_of_turn),
                                               label="A line ends at", visible=end_of_turn.available(),
                                               info="a pause inside a sentence waits for the rest of it",
@@ -461,11 +476,11 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
         primed: set[str] = set()
 
         def on_output(previous: str | None, language: str | None, translating: bool, labelling: bool, waits: str,
-                      event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
+                      terms: str, event: dict[str, Any], session_id: str) -> tuple[str, str, str, str]:
             if session_id not in primed and (session := service.sessions.get(session_id)) is not None:
                 primed.intersection_update(service.sessions)
                 primed.add(session_id)  # its first event (speech started): the inputs as the stream started
-                apply_page_inputs(service, session, language, translating, labelling, waits)
+                apply_page_inputs(service, session, language, translating, labelling, waits, terms)
             transcripts.carry_on(previous, session_id)
             transcripts.note(session_id, event)
             joined = transcripts.joined(session_id)
@@ -473,32 +488,32 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
             return page_html, render_status(service, session_id, event), session_id, ""
 
         async def outputs(value: Any, previous: str | None, language: str | None, translating: bool,
-                          labelling: bool, waits: str) -> AsyncIterator[tuple[str, str, str, str]]:
+                          labelling: bool, waits: str, terms: str) -> AsyncIterator[tuple[str, str, str, str]]:
             async for event, session_id in connection_outputs(audio, value):
-                yield on_output(previous, language, translating, labelling, waits, event, session_id)
+                yield on_output(previous, language, translating, labelling, waits, terms, event, session_id)
 
         # the inputs are read when a stream's outputs start: the page's last session, which a new one carries on
         # from, and the picker and toggle as they were then (later changes: on_pick, on the session in session_state)
-        audio.state_change(outputs, inputs=[audio, session_state, picker, translate, speakers, waiting],
+        audio.state_change(outputs, inputs=[audio, session_state, picker, translate, speakers, waiting, vocabulary],
                            outputs=[transcript, status, session_state, notice], concurrency_limit=None, queue=True,
                            show_progress="minimal", trigger_mode="once")
 
-        async def on_upload(path: str | None, language: str | None,
-                            labelling: bool) -> AsyncIterator[tuple[str, str, str]]:
-            async for out in transcribe_upload(service, path, language, labelling):
+        async def on_upload(path: str | None, language: str | None, labelling: bool,
+                            terms: str) -> AsyncIterator[tuple[str, str, str]]:
+            async for out in transcribe_upload(service, path, language, labelling, terms):
                 yield out
 
-        upload.change(on_upload, inputs=[upload, picker, speakers],
+        upload.change(on_upload, inputs=[upload, picker, speakers, vocabulary],
                       outputs=[file_progress, file_text, file_downloads],
                       concurrency_limit=settings.concurrency_limit, show_progress="hidden")
         def on_pick(session_id: str | None, language: str | None, translating: bool, labelling: bool,
-                    waits: str) -> str:
+                    waits: str, terms: str) -> str:
             if session_id and (session := service.sessions.get(session_id)) is not None:
-                apply_page_inputs(service, session, language, translating, labelling, waits)  # from the next job on
+                apply_page_inputs(service, session, language, translating, labelling, waits, terms)  # from the next job
             return render_file_language(languages, language)
 
-        for control in (picker, translate, speakers, waiting):
-            control.change(on_pick, inputs=[session_state, picker, translate, speakers, waiting],
+        for control in (picker, translate, speakers, waiting, vocabulary):
+            control.change(on_pick, inputs=[session_state, picker, translate, speakers, waiting, vocabulary],
                            outputs=[file_language], queue=False, show_progress="hidden")
 
         def on_rename(session_id: str | None, asked: str) -> tuple[str, str]:

@@ -104,8 +104,11 @@ class RealtimeConnection:
     def _apply_options(self) -> None:
         assert self.session is not None
         language = self.config.language or self.service.settings.language
+        vocabulary = self.config.vocabulary
+        if vocabulary is None:
+            vocabulary = self.service.settings.vocabulary_terms
         self.session.options = dataclasses.replace(self.session.options, language=language, prompt=self.config.prompt,
-                                                   logprobs=LOGPROBS in self.config.include)
+                                                   logprobs=LOGPROBS in self.config.include, vocabulary=vocabulary)
         wanted = (self.config.noise_reduction or {}).get("type")
         if (self.denoiser.field if self.denoiser else None) != wanted:
             if self.denoiser is not None:  # what the old one still holds goes on as it was heard

@@ -18,6 +18,7 @@ from ...audio import FrameConverter
 from ...config import EAGERNESS, Eagerness, TurnConfig, VADConfig
 from ...engines import Engine
 from ...engines.base import unsupported_language, unsupported_logprobs
+from ...engines.types import vocabulary_of
 from ...live import denoise, end_of_turn
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ class Config:
     eagerness: Eagerness | None = None
     """`semantic_vad`'s eagerness: the end-of-turn model ends a turn (realtime/live/end_of_turn.py); None for
     `server_vad`."""
+    vocabulary: tuple[str, ...] | None = None
+    """`transcription.vocabulary` (our extension): terms the speech may hold; None: the app's `--vocabulary`."""
     noise_reduction: dict[str, Any] | None = None
     include: list[str] = field(default_factory=list)
 
@@ -145,7 +148,8 @@ class Config:
             "expires_at": expires_at, "include": list(self.include),
             "audio": {"input": {
                 "format": fmt, "noise_reduction": self.noise_reduction, "turn_detection": turn,
-                "transcription": {"model": self.model, "language": self.language, "prompt": self.prompt},
+                "transcription": {"model": self.model, "language": self.language, "prompt": self.prompt,
+                                  **({"vocabulary": list(self.vocabulary)} if self.vocabulary is not None else {})},
             }},
         }
 
@@ -210,6 +214,11 @@ def apply_update(config: Config, session: Any, audio_started: bool, engine: Engi
                 raise EventError(f"prompt must be a string of at most {MAX_PROMPT_CHARS} characters",
                                  "invalid_value", "session.audio.input.transcription.prompt")
             new.prompt = prompt or None
+        if "vocabulary" in t:
+            try:
+                new.vocabulary = None if t["vocabulary"] is None else vocabulary_of(t["vocabulary"])
+            except ValueError as exc:
+                raise EventError(str(exc), "invalid_value", "session.audio.input.transcription.vocabulary") from None
     if "turn_detection" in inp:
         td = inp["turn_detection"]
         if td is None:
