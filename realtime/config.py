@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -73,6 +74,29 @@ class TurnConfig:
     def max_wait_s(self) -> float:
         return MAX_WAIT_S[self.eagerness]
 
+
+
+MAX_TERMS = 100
+MAX_TERM_CHARS = 60
+
+
+def vocabulary_of(raw: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A vocabulary from a comma-separated string or a list of terms (each may hold commas too), blanks and repeats
+    dropped; ValueError for too many terms or a term too long."""
+    items = [raw] if isinstance(raw, str) else list(raw or ())
+    terms: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError("vocabulary terms must be strings")
+        for term in item.split(","):
+            term = re.sub(r"\s+", " ", term).strip()
+            if term and term not in terms:
+                terms.append(term)
+    if len(terms) > MAX_TERMS:
+        raise ValueError(f"a vocabulary holds at most {MAX_TERMS} terms (got {len(terms)})")
+    if any(len(t) > MAX_TERM_CHARS for t in terms):
+        raise ValueError(f"a vocabulary term is at most {MAX_TERM_CHARS} characters")
+    return tuple(terms)
 
 
 def _opt(help: str, env: str | None = None, **kw: Any) -> Any:
@@ -237,8 +261,6 @@ class Settings:
 
     @property
     def vocabulary_terms(self) -> tuple[str, ...]:
-        from .engines.types import vocabulary_of
-
         return vocabulary_of(self.vocabulary)
 
     def turn_config(self) -> TurnConfig | None:

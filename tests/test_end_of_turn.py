@@ -93,7 +93,8 @@ def parse_args_of(argv: list[str]):
 
 def test_a_vocabulary_is_read_from_a_string_or_a_list_and_goes_before_the_prompt():
     """Issue 41's vocabulary (realtime/engines/types.py): what every engine reads before the audio."""
-    from realtime.engines.types import MAX_TERMS, TranscribeOptions, vocabulary_of
+    from realtime.config import MAX_TERMS, vocabulary_of
+    from realtime.engines.types import TranscribeOptions
 
     assert vocabulary_of(" Abigail  Claflin, Abbie,,Abbie ") == ("Abigail Claflin", "Abbie")
     assert vocabulary_of(["Linnell", "Birket Foster, Carker"]) == ("Linnell", "Birket Foster", "Carker")

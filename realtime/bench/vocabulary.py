@@ -1,19 +1,19 @@
 """`python -m realtime bench vocabulary`: a session vocabulary on real clips with rare names, with and without it.
 
-The manifest's clips that hold rare names (`NAMES`, by clip) are read by the engine with no vocabulary and with the
-list of every name; the other clips with the same list, so that a name the model now prefers, said nowhere in them,
-shows as WER. Per model: the names read right (each name's words, in order, in the clip's text), the WER of the
-named clips and of the others, with and without the list.
+The manifest's clips that hold rare names (`NAMES`, by clip) are read by the app's file path (the HTTP API's) with no
+vocabulary and with the list of every name; the other clips with the same list, so that a name the model now
+prefers, said nowhere in them, shows as WER. Per model: the names read right (each name's words, in order, in the
+clip's text), the WER of the named clips and of the others, with and without the list.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
 
-from ..audio import decode_file
 from .common import ROOT, _machine, write_outputs
 from .corpus import corpus_wer, read_manifest
 
@@ -53,6 +53,15 @@ def _engine(model: str) -> Any:
     return engine
 
 
+def read(path: Path, engine: Any, options: Any) -> str:
+    """The app's file path on one clip (VAD, windows, the coverage check), as the HTTP API reads an upload."""
+    from ..config import WINDOW_S
+    from ..live.transcribe import transcribe_file
+
+    entries = asyncio.run(transcribe_file(path, engine, options=options, window_s=WINDOW_S))
+    return " ".join(e.text for e in entries if e.kind == "final")
+
+
 def bench_vocabulary(args: argparse.Namespace) -> dict[str, Any]:
     from ..engines import TranscribeOptions
 
@@ -67,7 +76,7 @@ def bench_vocabulary(args: argparse.Namespace) -> dict[str, Any]:
         engine = _engine(model)
         for with_list in (False, True):
             options = TranscribeOptions(language="en", vocabulary=terms if with_list else ())
-            texts = {c.name: engine.transcribe_sync(decode_file(c.path), options).text for c in clips}
+            texts = {c.name: read(c.path, engine, options) for c in clips}
             right = [(c.name, n) for c in named for n in NAMES[c.path.stem] if said(n, texts[c.name])]
             rows.append({
                 "model": model, "vocabulary": with_list, "names_right": len(right),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,29 +14,6 @@ the upload whole, as its own file path decodes a packed window to check it for c
 and to answer `verbose_json` with the times it has: words where its engine aligns them (realtime/web/api.py)."""
 APP_OWNER = "realtime-transcription"
 """`owned_by` of this app's /v1/models entry: how the remote engine knows an endpoint is this app or its pool."""
-
-
-MAX_TERMS = 100
-MAX_TERM_CHARS = 60
-
-
-def vocabulary_of(raw: str | Sequence[str] | None) -> tuple[str, ...]:
-    """A vocabulary from a comma-separated string or a list of terms (each may hold commas too), blanks and repeats
-    dropped; ValueError for too many terms or a term too long."""
-    items = [raw] if isinstance(raw, str) else list(raw or ())
-    terms: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError("vocabulary terms must be strings")
-        for term in item.split(","):
-            term = re.sub(r"\s+", " ", term).strip()
-            if term and term not in terms:
-                terms.append(term)
-    if len(terms) > MAX_TERMS:
-        raise ValueError(f"a vocabulary holds at most {MAX_TERMS} terms (got {len(terms)})")
-    if any(len(t) > MAX_TERM_CHARS for t in terms):
-        raise ValueError(f"a vocabulary term is at most {MAX_TERM_CHARS} characters")
-    return tuple(terms)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.formparsers import MultiPartException
 
 from ..audio import SAMPLE_RATE, AudioDecodeError, decode_file
-from ..engines.types import vocabulary_of
+from ..config import vocabulary_of
 
 log = logging.getLogger(__name__)
 

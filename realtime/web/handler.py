@@ -19,8 +19,7 @@ from fastrtc import AdditionalOutputs, AsyncStreamHandler
 from fastrtc.utils import get_current_context
 
 from ..audio import SAMPLE_RATE, FrameConverter
-from ..config import MAX_WAIT_S, TurnConfig
-from ..engines.types import vocabulary_of
+from ..config import MAX_WAIT_S, TurnConfig, vocabulary_of
 from ..live import end_of_turn
 from ..live.events import PAGE_EVENTS, Event
 from ..live.service import TranscriptionService

@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 
 from ...audio import FrameConverter
-from ...config import EAGERNESS, Eagerness, TurnConfig, VADConfig
+from ...config import EAGERNESS, Eagerness, TurnConfig, VADConfig, vocabulary_of
 from ...engines import Engine
 from ...engines.base import unsupported_language, unsupported_logprobs
-from ...engines.types import vocabulary_of
 from ...live import denoise, end_of_turn
 
 log = logging.getLogger(__name__)
