@@ -565,9 +565,9 @@ def test_a_client_leaving_mid_stream_frees_its_slot(gated, speech):
 def test_a_vocabulary_spells_the_rare_names_of_real_speech(api):
     """Issue 41: `vocabulary` (comma-separated, or `vocabulary[]` repeated: our extension) puts the terms before
     the audio, as faster-whisper's hotwords. A real meeting clip's "I'm Abigail Claflin, you can call me Abbie" and a
-    LibriSpeech sentence's "Linnell's pictures" come out with the names spelt right (without the list the bundled
-    tiny.en writes "Claphlin", "Abi" and "Lenell's": bench vocabulary); the same list on a clip that says none of them
-    costs it no more than a word; too many terms is a 422 with a JSON reason."""
+    LibriSpeech sentence's "Linnell's pictures" come out with the names spelt right, a lone term included (without the
+    list the bundled tiny.en misspells them: bench vocabulary); the same list on a clip that says none of them costs
+    it no more than a word; too many terms is a 422 with a JSON reason."""
     from realtime.bench.vocabulary import said
 
     from real_speech import DATA

@@ -104,7 +104,8 @@ def test_a_vocabulary_is_read_from_a_string_or_a_list_and_goes_before_the_prompt
     with pytest.raises(ValueError):
         vocabulary_of("x" * 61)
     both = TranscribeOptions(prompt=" Earlier, she said. ", vocabulary=("Claflin", "Abbie"))
-    assert both.whisper_prompt == "Claflin, Abbie Earlier, she said."
-    assert TranscribeOptions(vocabulary=("Claflin",)).whisper_prompt == "Claflin"
+    assert both.whisper_prompt == "Claflin, Abbie. Earlier, she said."
+    assert TranscribeOptions(vocabulary=("Claflin",)).whisper_prompt == "Claflin."
+    assert TranscribeOptions(vocabulary=("Acme Inc.",)).terms == "Acme Inc."
     assert TranscribeOptions(prompt="x").whisper_prompt == "x" and TranscribeOptions().whisper_prompt is None
     assert parse_settings(["--vocabulary", "Claflin, Abbie"]).vocabulary_terms == ("Claflin", "Abbie")

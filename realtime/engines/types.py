@@ -50,8 +50,12 @@ class TranscribeOptions:
 
     @property
     def terms(self) -> str | None:
-        """The vocabulary as the text Whisper reads, or None."""
-        return ", ".join(self.vocabulary) if self.vocabulary else None
+        """The vocabulary as the text Whisper reads, or None: a sentence of its own, so that Whisper does not take
+        the speech for its continuation (with "Linnell" before it, "Linnell's pictures..." lost its first word)."""
+        if not self.vocabulary:
+            return None
+        text = ", ".join(self.vocabulary)
+        return text if text[-1] in ".!?" else text + "."
 
     @property
     def whisper_prompt(self) -> str | None:
