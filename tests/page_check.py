@@ -307,13 +307,7 @@ def history_tab(page: Page, word: str, shots: Path | None) -> dict[str, Any]:
     """The History tab: listed when selected; searched for `word`; the newest match opened (its lines and srt)."""
     r: dict[str, Any] = {}
     page.get_by_role("tab", name="History").click()
-    listed = "() => document.querySelectorAll('#rt-history-list label').length > 0"
-    if not shows(page, listed, 20):
-        # a fresh-clone run once found the list empty for 30 s after the tab's click on a restarted app (its log had no
-        # error): the Search button lists them as a user would, and the failure names which happened
-        r["listed_on_search"] = True
-        page.locator("#rt-history-search-button").click()
-        shows(page, listed, 20)
+    shows(page, "() => document.querySelectorAll('#rt-history-list label').length > 0", 30)
     r["listed"] = page.evaluate(HISTORY)
     box = page.locator("#rt-history-search textarea, #rt-history-search input").first
     box.fill(word)

@@ -83,8 +83,10 @@ def version_choices(summary: StoredSession, versions: list[Version]) -> list[tup
 
 
 def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store | None,
-                      recorder: Recorder | None = None, passes: Retranscriber | None = None) -> None:
-    """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when selected;
+                      recorder: Recorder | None = None, passes: Retranscriber | None = None,
+                      page: gr.Blocks | None = None) -> None:
+    """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when the `page` loads
+    and when the tab is selected (a click on the tab while the page is still starting sends no select event);
     `recorder` has the sessions' audio where it is kept, `passes` transcribes it again."""
     settings = service.settings
     passes = passes or Retranscriber(service)
@@ -177,7 +179,7 @@ def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store |
             recorder.forget([session_id])
         return await listed(given, q), gr.update(visible=False)
 
-    for trigger in (tab.select, search.click, query.submit, key.submit):
+    for trigger in (tab.select, search.click, query.submit, key.submit, *([page.load] if page is not None else [])):
         trigger(on_list, inputs=[key, query], outputs=[listing, opened], queue=False)
     listing.input(on_open, inputs=[key, listing],
                   outputs=[opened, title, downloads, text, again_row, version, again_status], queue=False)

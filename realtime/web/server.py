@@ -154,9 +154,9 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     recorder = service.history if isinstance(service.history, Recorder) else None
     passes = Retranscriber(service)
 
-    def history_tab() -> None:
+    def history_tab(page: gr.Blocks) -> None:
         with gr.Tab("History", id="history", elem_id="rt-tab-history") as tab:
-            build_history_tab(tab, service, store, recorder, passes)
+            build_history_tab(tab, service, store, recorder, passes, page)
 
     page, webrtc = build_page(service, turn, transcripts, history_tab)
     limits = SessionLimits(settings, service, webrtc)

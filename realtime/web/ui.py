@@ -389,8 +389,9 @@ class PageTranscripts:
 
 def build_page(service: TranscriptionService, turn: Turn | None = None,
                transcripts: PageTranscripts | None = None,
-               more_tabs: Callable[[], None] | None = None) -> tuple[gr.Blocks, WebRTC]:
-    """The page; `more_tabs` adds tabs after Live and File (inside the page's `gr.Tabs`)."""
+               more_tabs: Callable[[gr.Blocks], None] | None = None) -> tuple[gr.Blocks, WebRTC]:
+    """The page; `more_tabs` adds tabs after Live and File (inside the page's `gr.Tabs`; given the page, for its
+    load event)."""
     settings = service.settings
     transcripts = transcripts or PageTranscripts(service)
     turn = turn or Turn(settings)
@@ -461,7 +462,7 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                 file_text = gr.HTML(render_file_text([], {}), elem_id="rt-file-text")
                 file_downloads = gr.HTML("", elem_id="rt-file-downloads")
             if more_tabs is not None:
-                more_tabs()
+                more_tabs(page)
         session_state = gr.State(None)
 
         audio.stream(
