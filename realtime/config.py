@@ -75,7 +75,6 @@ class TurnConfig:
         return MAX_WAIT_S[self.eagerness]
 
 
-
 MAX_TERMS = 100
 MAX_TERM_CHARS = 60
 

@@ -322,6 +322,20 @@ async def live_session(app: App, audio: np.ndarray, fmt: str, vad: dict[str, Any
     return rec
 
 
+async def refused_input(app: App, audio_input: dict[str, Any]) -> Any:
+    """The `error` (its `error` object) that a fresh session answers a `session.update` of these `audio.input`
+    settings with."""
+    async with sdk(app).realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        rec = Recorder(conn)
+        await rec.until(lambda: bool(rec.events))
+        await conn.send_raw(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+            "input": audio_input}}}))
+        error = await rec.next("error", 0)
+        await conn.close()
+    rec.task.cancel()
+    return error.error
+
+
 def per_clip(items: dict[str, dict[str, Any]], spans: list[tuple[float, float]]) -> list[str]:
     """Each item's transcript belongs to the clip its speech ended in (or the nearest)."""
     out: list[list[str]] = [[] for _ in spans]
@@ -424,18 +438,7 @@ def test_noise_reduction_denoises_what_the_vad_hears(keyed_app, tmp_path):
     assert seconds - RESAMPLER_HOLDS_S <= denoised <= seconds
     assert len(cleaned) >= len(picked) and all("completed" in i for i in cleaned.values())
 
-    async def refused() -> Any:
-        async with sdk(keyed_app).realtime.connect(extra_query={"intent": "transcription"}) as conn:
-            rec = Recorder(conn)
-            await rec.until(lambda: bool(rec.events))
-            await conn.send_raw(json.dumps({"type": "session.update", "session": {
-                "type": "transcription", "audio": {"input": {"noise_reduction": {"type": "studio"}}}}}))
-            error = await rec.next("error", 0)
-            await conn.close()
-        rec.task.cancel()
-        return error.error
-
-    error = run(refused())
+    error = run(refused_input(keyed_app, {"noise_reduction": {"type": "studio"}}))
     assert (error.code, error.param) == ("invalid_value", "session.audio.input.noise_reduction.type"), error
 
 
@@ -474,18 +477,7 @@ def test_semantic_vad_waits_through_a_pause_inside_a_sentence_as_its_eagerness_s
     assert "your country can do for you" in first["low"] and "ask what you can do" in first["low"]
     assert "americans" in first["high"] and "your country" not in first["high"]
 
-    async def refused() -> Any:
-        async with sdk(keyed_app).realtime.connect(extra_query={"intent": "transcription"}) as conn:
-            rec = Recorder(conn)
-            await rec.until(lambda: bool(rec.events))
-            await conn.send_raw(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-                "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eventually"}}}}}))
-            error = await rec.next("error", 0)
-            await conn.close()
-        rec.task.cancel()
-        return error.error
-
-    error = run(refused())
+    error = run(refused_input(keyed_app, {"turn_detection": {"type": "semantic_vad", "eagerness": "eventually"}}))
     assert (error.code, error.param) == ("invalid_value", "session.audio.input.turn_detection.eagerness"), error
 
 

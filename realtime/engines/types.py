@@ -47,7 +47,6 @@ class TranscribeOptions:
     answer with word times instead of timed pieces (the remote engine asks an endpoint that is this app to decode
     the clip as its own file path would)."""
 
-
     @property
     def terms(self) -> str | None:
         """The vocabulary as the text Whisper reads, or None: a sentence of its own, so that Whisper does not take

@@ -11,6 +11,7 @@ judged incomplete is waited through before the segment closes anyway.
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -19,15 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from ..config import MAX_WAIT_S, TurnConfig
-
-__all__ = ["MAX_WAIT_S", "TurnConfig", "TurnModel", "available", "model_path"]
+from .vad import one_thread_session
 
 DISTRIBUTION = "pipecat-ai"
 MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 WINDOW_S = 8
 """Seconds of audio the model reads (zeros before a shorter turn)."""
 
+
+@functools.cache
 def model_path() -> Path | None:
     """The Smart Turn ONNX file inside the installed `pipecat-ai` distribution, or None."""
     try:
@@ -48,18 +49,12 @@ class TurnModel:
     _lock = threading.Lock()
 
     def __init__(self, path: Path | None = None) -> None:
-        import onnxruntime
         from faster_whisper.feature_extractor import FeatureExtractor
 
         path = path or model_path()
         if path is None:
             raise RuntimeError(f"end of turn needs the {DISTRIBUTION} package (pip install {DISTRIBUTION})")
-        opts = onnxruntime.SessionOptions()
-        opts.inter_op_num_threads = 1
-        opts.intra_op_num_threads = 1
-        opts.log_severity_level = 3
-        self._session = onnxruntime.InferenceSession(str(path), sess_options=opts,
-                                                     providers=["CPUExecutionProvider"])
+        self._session = one_thread_session(path)
         self._features = FeatureExtractor(feature_size=80)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="end-of-turn")
         """The thread the sessions' judgements run on, one after another."""

@@ -32,12 +32,13 @@ from typing import Literal
 import numpy as np
 
 from ..audio import SAMPLE_RATE
+from ..config import TurnConfig
 from ..engines import TranscribeOptions, Transcription
 from ..engines import logprobs as lp
 from ..engines.policy import trim_loop
 from ..speakers import Diarization, LiveSpeakers, Turn
 from . import coverage
-from .end_of_turn import TurnConfig, TurnModel
+from .end_of_turn import TurnModel
 from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeakerEvent, SpeechStarted, SpeechStopped
 from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
@@ -117,8 +118,6 @@ class TranscriptionSession:
         self._turn_model = turn_model
         self._judged: tuple[int, float] | None = None
         self._verdict: asyncio.Future[float] | None = None
-        self.turns_judged: list[tuple[float, bool]] = []
-        """Each pause the turn model judged: (stream seconds where the speech stopped, complete)."""
         self.choose_turn(turn)
 
     # -- time
@@ -226,9 +225,7 @@ class TranscriptionSession:
                         future.exception())
             return
         assert self.turn is not None
-        complete = future.result() >= self.turn.threshold
-        self.turns_judged.append((pause[1], complete))
-        if complete and self.segmenter.pause == pause:
+        if future.result() >= self.turn.threshold and self.segmenter.pause == pause:
             for event in self.segmenter.end_turn():
                 self._handle(event)
 

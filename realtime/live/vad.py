@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,6 +68,18 @@ def _silero_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad_16k_sequence.onnx"
 
 
+def one_thread_session(path: Path) -> Any:
+    """An onnxruntime CPU session of the model at `path` that runs each call on one thread (the live models: many
+    sessions call them side by side, the engine has the cores)."""
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.inter_op_num_threads = 1
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    return onnxruntime.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
 class SileroVAD:
     """The Silero VAD ONNX model, loaded once per process and shared by all sessions."""
 
@@ -74,15 +87,7 @@ class SileroVAD:
     _lock = threading.Lock()
 
     def __init__(self, path: Path | None = None) -> None:
-        import onnxruntime
-
-        opts = onnxruntime.SessionOptions()
-        opts.inter_op_num_threads = 1
-        opts.intra_op_num_threads = 1
-        opts.log_severity_level = 3
-        self._session = onnxruntime.InferenceSession(
-            str(path or _silero_model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self._session = one_thread_session(path or _silero_model_path())
 
     @classmethod
     def shared(cls) -> SileroVAD:
