@@ -513,9 +513,11 @@ def build_page(service: TranscriptionService, turn: Turn | None = None,
                 apply_page_inputs(service, session, language, translating, labelling, waits, terms)  # from the next job
             return render_file_language(languages, language)
 
-        for control in (picker, translate, speakers, waiting, vocabulary):
-            control.change(on_pick, inputs=[session_state, picker, translate, speakers, waiting, vocabulary],
-                           outputs=[file_language], queue=False, show_progress="hidden")
+        # the vocabulary box when it is left or submitted, not at each keystroke (a request each)
+        for trigger in (picker.change, translate.change, speakers.change, waiting.change, vocabulary.blur,
+                        vocabulary.submit):
+            trigger(on_pick, inputs=[session_state, picker, translate, speakers, waiting, vocabulary],
+                    outputs=[file_language], queue=False, show_progress="hidden")
 
         def on_rename(session_id: str | None, asked: str) -> tuple[str, str]:
             match = RENAME.match(asked or "")
