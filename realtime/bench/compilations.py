@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 import sys
 import tempfile
@@ -41,8 +42,6 @@ def _pipelines(model_dir: str, compute_type: str, language: str | None,
 def _served(out: Path) -> tuple[dict[str, Callable[[Path], str]], Callable[[], None]]:
     """The paths of a launched app (embedded engine) over HTTP: `json`, `verbose_json` and SSE (`stream=true`), and
     a second app whose remote engine sends its windows to the first (`json`); and a function that stops both."""
-    import json
-
     from .stream import _launch
 
     app, port = _launch(4, log=out / "app.log")
@@ -118,8 +117,34 @@ def lost_anywhere(doc: dict[str, Any]) -> bool:
     return any(r["lost_runs"] for r in doc["results"] if not r["name"].startswith("faster-whisper"))
 
 
+def _document(rows: dict[str, dict[str, Any]], refs: list[str], seeds: list[int], seconds: float, manifest: Path,
+              model_name: str, compute_type: str) -> tuple[dict[str, Any], str]:
+    """The run's document and table over the compilations done so far (`seeds`)."""
+    from .files import _percent
+
+    results = []
+    for r in rows.values():
+        results.append({"name": r["name"], "rtfx": round(seconds / max(r["wall_s"], 1e-9), 2),
+                        "wer": round(corpus_wer(refs, r["texts"]), 4),
+                        "lost_runs": len(r["lost"]), "compilations_with_loss": len({x["seed"] for x in r["lost"]}),
+                        "lost": r["lost"], "errors": r["errors"]})
+    first, last = seeds[0], seeds[-1]
+    doc = {"kind": "file-random", "seeds": [first, last], "compilations": len(seeds),
+           "audio_seconds": round(seconds, 1), "model": model_name, "compute_type": compute_type,
+           "decoding": "greedy (beam 1), English", "machine": _machine(), "results": results}
+    table = (f"File transcription of {len(seeds)} random compilations of {manifest}'s clips (seeds {first} to "
+             f"{last}, {seconds / 60:.0f} min in all), {model_name} {compute_type}, greedy, "
+             f"{_machine()}. Lost: stretches of {LOST_RUN_WORDS} or more words that the pipeline writes for a clip "
+             "alone and leaves out of the compilation's answer.\n\n"
+             "| pipeline | lost stretches | compilations with a loss | errors | WER | RTFx |\n"
+             "|---|---|---|---|---|---|\n"
+             + "\n".join(f"| {r['name']} | {r['lost_runs']} | {r['compilations_with_loss']} | {len(r['errors'])} | "
+                         f"{_percent(r['wer'])} | {r['rtfx']} |" for r in results) + "\n")
+    return doc, table
+
+
 def bench_random(args: argparse.Namespace) -> dict[str, Any]:
-    from .files import _bench_model, _percent
+    from .files import _bench_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,6 +171,7 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {name: {"name": name, "wall_s": 0.0, "lost": [], "texts": [], "errors": []}
                                        for name in pipelines}
     refs: list[str] = []
+    seeds: list[int] = []
     seconds = 0.0
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         for stop in stops:
@@ -171,22 +197,10 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
             lost = {n: sum(x["seed"] == seed for x in r["lost"]) for n, r in rows.items()}
             print(f"seed {seed} ({len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s): lost {lost}",
                   file=sys.stderr, flush=True)
-    results = []
-    for r in rows.values():
-        results.append({"name": r["name"], "rtfx": round(seconds / r["wall_s"], 2),
-                        "wer": round(corpus_wer(refs, r["texts"]), 4),
-                        "lost_runs": len(r["lost"]), "compilations_with_loss": len({x["seed"] for x in r["lost"]}),
-                        "lost": r["lost"], "errors": r["errors"]})
-    doc = {"kind": "file-random", "seeds": [first, first + args.random - 1], "compilations": args.random,
-           "audio_seconds": round(seconds, 1), "model": model_name, "compute_type": compute_type,
-           "decoding": "greedy (beam 1), English", "machine": _machine(), "results": results}
-    table = (f"File transcription of {args.random} random compilations of {manifest}'s clips (seeds {first} to "
-             f"{first + args.random - 1}, {seconds / 60:.0f} min in all), {model_name} {compute_type}, greedy, "
-             f"{_machine()}. Lost: stretches of {LOST_RUN_WORDS} or more words that the pipeline writes for a clip "
-             "alone and leaves out of the compilation's answer.\n\n"
-             "| pipeline | lost stretches | compilations with a loss | errors | WER | RTFx |\n"
-             "|---|---|---|---|---|---|\n"
-             + "\n".join(f"| {r['name']} | {r['lost_runs']} | {r['compilations_with_loss']} | {len(r['errors'])} | "
-                         f"{_percent(r['wer'])} | {r['rtfx']} |" for r in results) + "\n")
+            seeds.append(seed)  # the figures so far, kept on disk: a run stopped early still has them
+            doc, table = _document(rows, refs, seeds, seconds, manifest, model_name, compute_type)
+            (out / "bench-file-random.json").write_text(json.dumps(doc, indent=2))
+            (out / "bench-file-random.md").write_text(table)
+    doc, table = _document(rows, refs, seeds, seconds, manifest, model_name, compute_type)
     write_outputs(out, "file-random", doc, table, lambda p: None)
     return doc
