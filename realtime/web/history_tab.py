@@ -86,8 +86,10 @@ def build_history_tab(tab: gr.Tab, service: TranscriptionService, store: Store |
                       recorder: Recorder | None = None, passes: Retranscriber | None = None,
                       page: gr.Blocks | None = None) -> None:
     """The tab's components and events, inside its `gr.Tab` context: it lists the sessions when the `page` loads
-    and when the tab is selected (a click on the tab while the page is still starting sends no select event);
-    `recorder` has the sessions' audio where it is kept, `passes` transcribes it again."""
+    and when the tab is selected (a click on the tab while the page is still starting sends no select event). The
+    tab must render its children with the page (`render_children=True`): Gradio mounts an inactive tab's components
+    only when it is selected and drops updates sent to them before, and the select event's answer can come before
+    they are mounted. `recorder` has the sessions' audio where it is kept, `passes` transcribes it again."""
     settings = service.settings
     passes = passes or Retranscriber(service)
     gr.HTML(render_off(settings, store), elem_id="rt-history-note")

@@ -155,7 +155,7 @@ def build_app(settings: Settings, service: TranscriptionService | None = None) -
     passes = Retranscriber(service)
 
     def history_tab(page: gr.Blocks) -> None:
-        with gr.Tab("History", id="history", elem_id="rt-tab-history") as tab:
+        with gr.Tab("History", id="history", elem_id="rt-tab-history", render_children=True) as tab:
             build_history_tab(tab, service, store, recorder, passes, page)
 
     page, webrtc = build_page(service, turn, transcripts, history_tab)
