@@ -29,6 +29,10 @@ from ..speakers import Diarizer, LiveSpeakers, Turn
 
 COLLAR_S = 0.25
 FRAME_S = 0.01
+ALONE_S = 2.0
+"""A voice that speaks this long with no one else talking says a sentence alone: the speaker count is also scored
+against the reference's voices that do (a voice heard only over others, or for a word or two, gives the clustering
+no window of its own to find it by)."""
 Labelled = tuple[float, float, str]
 
 
@@ -39,6 +43,15 @@ def read_rttm(path: str | Path) -> list[Labelled]:
         if f and f[0] == "SPEAKER":
             out.append((float(f[3]), float(f[3]) + float(f[4]), f[7]))
     return out
+
+
+def alone_s(reference: Sequence[Labelled], speaker: str) -> float:
+    """How long `speaker` speaks in `reference` with no other speaker talking."""
+    end = max((b for _, b, _ in reference), default=0.0)
+    speakers = sorted({w for *_, w in reference} | {speaker})
+    grid = _grid(reference, speakers, round(end / FRAME_S) + 1)
+    me = speakers.index(speaker)
+    return float((grid[me] & (grid.sum(0) == 1)).sum() * FRAME_S)
 
 
 def _grid(turns: Sequence[Labelled], speakers: list[str], frames: int) -> np.ndarray:
@@ -145,8 +158,10 @@ def diarize_file(diarizer: Diarizer, path: str | Path, answers: dict[str, list[L
     online = live.online(speech)
     reference = read_rttm(Path(path).with_suffix(".rttm"))
     floor = [(a, b, "0") for a, b in speech]
+    voices = {w for *_, w in reference}
     row: dict[str, object] = {"file": Path(path).stem, "seconds": round(audio.size / SAMPLE_RATE, 1),
-                              "speakers": len({w for *_, w in reference}),
+                              "speakers": len(voices),
+                              "speakers_alone": sum(alone_s(reference, w) >= ALONE_S for w in voices),
                               "found_offline": len(offline.centroids), "found_live": len(online.centroids)}
     hypotheses = {**(answers or {}), "offline": _labelled(offline.turns), "live": _labelled(online.turns),
                   "one": floor}
@@ -216,8 +231,10 @@ NAMES = {"api": "API diarized_json", "srt": "API srt (diarize=true)",
          "live": "speaker layer, live", "one": "everything one speaker"}
 
 
-def _count(rows: Sequence[dict], kind: str) -> dict[str, int]:
-    off = [abs(r[f"found_{kind}"] - r["speakers"]) for r in rows]
+def _count(rows: Sequence[dict], kind: str, against: str = "speakers") -> dict[str, int]:
+    """How many recordings' counts are exact, one off and more, against the reference's voices (`against`:
+    "speakers", or "speakers_alone", those that speak `ALONE_S` alone)."""
+    off = [abs(r[f"found_{kind}"] - r[against]) for r in rows]
     return {"exact": sum(d == 0 for d in off), "one_off": sum(d == 1 for d in off), "more": sum(d > 1 for d in off)}
 
 
@@ -233,6 +250,7 @@ def bench_speakers(args: argparse.Namespace) -> dict:
                                   for k in (kind, f"{kind}_no_overlap")}
     for kind in kinds[:-1]:
         summary[f"count_{kind}"] = _count(rows, kind)
+        summary[f"count_alone_{kind}"] = _count(rows, kind, "speakers_alone")
         summary[f"false_alarm_{kind}"] = round(100 * pooled(rows, f"{kind}_no_overlap", "false_alarm"), 1)
     summary["files"] = len(rows)
     summary["minutes"] = round(sum(r["seconds"] for r in rows) / 60, 1)
@@ -240,19 +258,23 @@ def bench_speakers(args: argparse.Namespace) -> dict:
     summary["live_cost_per_s"] = round(statistics.median(r["live_cost"] for r in rows), 4)
     doc = {"summary": summary, "files": rows}
     (out / "bench-speakers.json").write_text(json.dumps(doc, indent=1))
-    lines = ["| | DER | without overlapped speech | false alarm | speaker count exact / one off / more |",
-             "|---|---|---|---|---|"]
+    lines = ["| | DER | without overlapped speech | false alarm | speaker count exact / one off / more | the same, "
+             f"against the voices that speak {ALONE_S:.0f} s alone |", "|---|---|---|---|---|---|"]
+
+    def counted(key: str) -> str:
+        count = summary.get(key)
+        return f"{count['exact']} / {count['one_off']} / {count['more']}" if isinstance(count, dict) else ""
+
     for kind in kinds:
-        count = summary.get(f"count_{kind}")
-        counted = f"{count['exact']} / {count['one_off']} / {count['more']}" if isinstance(count, dict) else ""
         alarm = f"{summary[f'false_alarm_{kind}']} %" if f"false_alarm_{kind}" in summary else ""
-        lines.append(f"| {NAMES[kind]} | {summary[kind]} % | {summary[f'{kind}_no_overlap']} % | {alarm} | {counted} |")
+        lines.append(f"| {NAMES[kind]} | {summary[kind]} % | {summary[f'{kind}_no_overlap']} % | {alarm} | "
+                     f"{counted(f'count_{kind}')} | {counted(f'count_alone_{kind}')} |")
     found = [k for k in kinds if k not in ("srt", "one")]
-    lines += ["", f"| file | s | speakers | found: {' / '.join(found)} | "
+    lines += ["", f"| file | s | speakers (alone {ALONE_S:.0f} s) | found: {' / '.join(found)} | "
               + " | ".join(f"{k} | no overlap" for k in kinds) + " |", "|---|---|---|---|" + "---|" * 2 * len(kinds)]
     for r in rows:
         counts = " / ".join(str(r[f"found_{k}"]) for k in found)
-        lines.append(f"| {r['file']} | {r['seconds']} | {r['speakers']} | {counts} "
+        lines.append(f"| {r['file']} | {r['seconds']} | {r['speakers']} ({r['speakers_alone']}) | {counts} "
                      + "".join(f"| {100 * r[k]['der']:.1f} % | {100 * r[f'{k}_no_overlap']['der']:.1f} % "
                                for k in kinds) + "|")
     table = "\n".join(lines)
