@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from realtime.bench.corpus import lost_speech, random_compilation
+from realtime.bench.corpus import lost_runs, lost_speech, random_compilation
 
 from real_speech import clips, script_compilation, transcribe_clips
 
@@ -24,6 +24,19 @@ COMPILATIONS = 2
 """Fresh compilations per run, each read by both decodes."""
 CLIPS = (4, 8)
 """How many clips a compilation of the suite draws (the benchmark draws 6 to 14)."""
+
+
+@pytest.mark.fast
+def test_a_number_written_another_way_is_not_lost_but_its_digits_are_words():
+    """Seed 20007 of `bench file --random` (the remote engine's paths): the digits clip alone read "0 1 8 0 3", the
+    compilation "01803" (which Whisper's normaliser turns into "one 8 0 3" and "1803"): the same digits, not speech
+    lost. A number the answer leaves out is lost as the digits said, one word each."""
+    alone = "1 0 0 1. 90210. 0 1 8 0 3 So this is the sick purpose. I have a cold"
+    assert lost_runs(alone, "1 0 0 1 90210. 01803. is the sick purpose I have a cold") == []
+    assert lost_runs(alone, "One zero oh one, nine oh two one oh, zero one eight zero three. So this is the sick "
+                            "purpose. I have a cold") == []
+    runs = lost_runs(alone, "1 0 0 1 and I have a cold")
+    assert len(runs) == 1 and runs[0].endswith("0 2 1 0 0 1 8 0 3 so this is the sick purpose"), runs
 
 
 def fresh_seed() -> int:

@@ -128,14 +128,29 @@ LOST_RUN_WORDS = 5
 """A run of this many reference words in a row with none of them in the transcript is a lost stretch of speech."""
 
 
-def lost_runs(reference: str, hypothesis: str, words: int = LOST_RUN_WORDS) -> list[str]:
-    """The stretches of at least `words` reference words that the hypothesis leaves out entirely (deleted in the
-    word alignment, after Whisper's English normaliser on both sides), in order."""
-    import jiwer
+DIGIT_WORDS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+               "seven": "7", "eight": "8", "nine": "9"}
+
+
+def spoken_words(text: str) -> list[str]:
+    """The words a text says, as the lost-speech check compares them: Whisper's English normaliser, then every number
+    spelt digit by digit, so that "0 1 8 0 3", "01803" and "zero one eight oh three" are the same five words (the
+    normaliser writes a lone "1" as "one", drops a leading zero and joins some digit runs but not others)."""
     from whisper_normalizer.english import EnglishTextNormalizer
 
-    norm = EnglishTextNormalizer()
-    ref, hyp = norm(reference), norm(hypothesis)
+    out: list[str] = []
+    for word in EnglishTextNormalizer()(text).split():
+        word = DIGIT_WORDS.get(word, word)
+        out.extend(word if word.isdigit() else [word])
+    return out
+
+
+def lost_runs(reference: str, hypothesis: str, words: int = LOST_RUN_WORDS) -> list[str]:
+    """The stretches of at least `words` reference words that the hypothesis leaves out entirely (deleted in the
+    word alignment, after `spoken_words` on both sides), in order."""
+    import jiwer
+
+    ref, hyp = " ".join(spoken_words(reference)), " ".join(spoken_words(hypothesis))
     if not ref.strip():
         return []
     said = ref.split()
@@ -151,9 +166,7 @@ def lost_speech(compilation: Compilation, alone: dict[str, str], answer: str) ->
     the same pipeline writes for the clips posted alone (`alone`, by clip name) and that the answer lacks. A run
     that is not speech of the clips (most of its words in none of their reference texts: a phrase Whisper made up
     over a clip's silence, "we'll see you next time") is not counted."""
-    from whisper_normalizer.english import EnglishTextNormalizer
-
-    said = set(EnglishTextNormalizer()(compilation.text).split())
+    said = set(spoken_words(compilation.text))
     runs = lost_runs(" ".join(alone[c.name] for c in compilation.clips), answer)
     return [r for r in runs if 2 * sum(w in said for w in r.split()) >= len(r.split())]
 
