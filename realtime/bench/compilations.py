@@ -192,8 +192,9 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
                     answer = ""
                 rows[name]["wall_s"] += time.perf_counter() - t0
                 rows[name]["texts"].append(answer)
-                for run_ in lost_speech(comp, alone[name], answer):
-                    rows[name]["lost"].append({"seed": seed, "words": run_})
+                for run_ in lost_speech(comp, alone[name], answer):  # with the texts, to be read again
+                    rows[name]["lost"].append({"seed": seed, "words": run_, "answer": answer,
+                                               "alone": [alone[name][c.name] for c in comp.clips]})
             lost = {n: sum(x["seed"] == seed for x in r["lost"]) for n, r in rows.items()}
             print(f"seed {seed} ({len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s): lost {lost}",
                   file=sys.stderr, flush=True)
