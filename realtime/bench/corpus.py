@@ -10,7 +10,9 @@ earlier run has seen. `lost_runs` finds the stretches of speech an answer leaves
 from __future__ import annotations
 
 import csv
+import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,14 +134,19 @@ DIGIT_WORDS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "fo
                "seven": "7", "eight": "8", "nine": "9"}
 
 
+@functools.cache
+def _normaliser() -> Callable[[str], str]:
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()
+
+
 def spoken_words(text: str) -> list[str]:
     """The words a text says, as the lost-speech check compares them: Whisper's English normaliser, then every number
     spelt digit by digit, so that "0 1 8 0 3", "01803" and "zero one eight oh three" are the same five words (the
     normaliser writes a lone "1" as "one", drops a leading zero and joins some digit runs but not others)."""
-    from whisper_normalizer.english import EnglishTextNormalizer
-
     out: list[str] = []
-    for word in EnglishTextNormalizer()(text).split():
+    for word in _normaliser()(text).split():
         word = DIGIT_WORDS.get(word, word)
         out.extend(word if word.isdigit() else [word])
     return out
