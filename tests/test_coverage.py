@@ -297,6 +297,40 @@ def test_a_lone_segment_whose_text_stops_short_is_decoded_again_with_timestamps(
     assert got.text == "One two. Three four." and [o.timestamps for _, o in engine.asked] == [True]
 
 
+def test_a_lone_segment_timed_as_one_sentence_over_two_is_decoded_in_halves():
+    """Seed 20077 of `bench file --random` (the vLLM engine: Whisper's timed pieces, no word times): two clips 0.23 s
+    apart made one segment, and the decode gave its first sentence ("Feels like these days go on forever.") as one
+    piece over the whole 12 s, again when the segment was decoded alone: the 8 s sentence after it was lost. Too few
+    words for its speech, it is decoded in halves cut at the quietest moment of its middle, and they stand for it;
+    where the halves say no more (a slow speaker), the first answer stands."""
+    w = window([12.0])
+    audio = w.audio.copy()
+    audio[round(4.0 * SAMPLE_RATE):round(4.2 * SAMPLE_RATE)] = 0.0  # the pause between the two clips
+    w = replace(w, audio=audio)
+    split = w.halves()
+    assert split is not None and split.speech == (pytest.approx((0.2, 4.0)), pytest.approx((4.0, 11.8)))
+    first_text, second_text = ("Feels like these days go on forever.",
+                               "The invention of movable metal letters in the middle of the fifteenth century.")
+
+    def piece(text: str, seconds: float) -> Transcription:
+        return Transcription(text, duration=seconds, segments=(TimedText(0.0, seconds, text),))
+
+    sizes = [split.part_audio(k).size for k in (0, 1)]
+    first = piece(first_text, 12.0)
+    engine = Scripted({sizes[0]: piece(first_text, sizes[0] / SAMPLE_RATE),
+                       sizes[1]: piece(second_text, sizes[1] / SAMPLE_RATE)}, words=False)
+    got = account(engine, w, first, TranscribeOptions(timestamps=True))
+    assert got.text == f"{first_text} {second_text}", got.text
+    assert [p.text for p in got.segments] == [first_text, second_text]
+    assert got.segments[1].start == pytest.approx(4.0)
+    slow = piece("This is a long stop.", 12.0)
+    engine = Scripted({sizes[0]: piece("This is a", sizes[0] / SAMPLE_RATE),
+                       sizes[1]: piece("long stop.", sizes[1] / SAMPLE_RATE)}, words=False)
+    assert account(engine, w, slow, TranscribeOptions(timestamps=True)).text == "This is a long stop."
+    assert coverage.sparse((0.2, 11.8), first) and not coverage.sparse((0.2, 11.8), piece(" ".join(["word"] * 12), 12))
+    assert not coverage.sparse((0.2, 11.8), piece("", 12.0)), "no text is Whisper's no-speech verdict"
+
+
 def test_an_answer_without_times_has_each_packed_segment_decoded_alone():
     w = window([3.0, 4.0])
     bare = Transcription("One two.", duration=7.0)

@@ -108,6 +108,17 @@ class Window(SegmentEnd):
                       tuple((o - a, t) for o, t in self.parts[first:stop]),
                       speech=tuple((x - a, y - a) for x, y in self.speech[first:stop]))
 
+    def halves(self) -> Window | None:
+        """A lone segment's window as two segments, cut at the quietest moment of the middle half of its speech
+        (`coverage.quietest`); None for a window of several segments or over its context."""
+        if self.context is not None or len(self.speech) != 1:
+            return None
+        (a, b), = self.speech
+        cut = coverage.quietest(self.audio, a + (b - a) / 4, b - (b - a) / 4)
+        offset, at = self.parts[0]
+        return Window(self.segment, self.start, self.end, self.audio, self.forced, self.audio_start,
+                      ((offset, at), (cut, at + cut - offset)), speech=((a, cut), (cut, b)))
+
     def decoded(self, result: Transcription, timed: bool) -> Window:
         """The window as its result was decoded: over its context, if it had one, so that times and words map to
         the stream. Its span grows to the timed pieces that Whisper found in the context."""
@@ -570,7 +581,45 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
 async def _check(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
                  asked: TranscribeOptions, again: bool = False) -> Transcription | BaseException:
     """The coverage rule on a window's result, its answers spliced in (see `_account`); the answer for a lone
-    segment decoded `again` is held to `coverage.GAP_S` through `coverage.keeps`."""
+    segment decoded `again` is held to `coverage.GAP_S` through `coverage.keeps`, and one still too short for its
+    speech is decoded in halves (`_in_halves`)."""
+    checked = await _check_window(worker, name, window, result, options, asked, again)
+    if isinstance(checked, Transcription) and len(window.heard_speech) == 1:
+        return await _in_halves(worker, name, window, checked, options, asked)
+    return checked
+
+
+async def _in_halves(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
+                     asked: TranscribeOptions) -> Transcription:
+    """A lone segment's answer that does not say where its text lies (`coverage.timing` is None: no word times, one
+    timed piece over the whole clip) and says too few words for its speech (`coverage.sparse`): an engine that gives
+    Whisper's timed pieces but no word times may time one sentence over two, and decodes the same audio again the
+    same way, so no second answer of the whole can be better. Its two halves decoded, each checked in turn, stand
+    for it when together they say more and keep what it said (`coverage.keeps`). Where an answer's words or pieces
+    are timed, the rule for a lone segment is `coverage.LONE_GAP_S`."""
+    speech = window.heard_speech
+    split = window.halves()
+    if split is None or coverage.timing(result) is not None or policy.rejected(result) or \
+            speech[0][1] - speech[0][0] < coverage.SPLIT_S or not coverage.sparse(speech[0], result):
+        return result
+    log.info("file window %d: %d words for %.1f s of speech, decoding it in halves", window.segment,
+             len(result.text.split()), speech[0][1] - speech[0][0])
+    halves = [split.sub(k, k + 1) for k in (0, 1)]
+    jobs = [Job(name, window.segment, half.audio, _lane(asked), coverage.window_options(options, 1))
+            for half in halves]
+    answers = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
+    checked = [await _check(worker, name, half, a, options, asked, again=True) if isinstance(a, Transcription)
+               else a for half, a in zip(halves, answers, strict=True)]
+    if not all(isinstance(a, Transcription) for a in checked):
+        return result
+    joined = _splice(split, result, {(k, k + 1): a for k, a in enumerate(checked)})  # type: ignore[misc]
+    return joined if coverage.keeps(joined, result) else result
+
+
+async def _check_window(worker: Worker, name: str, window: Window, result: Transcription,
+                        options: TranscribeOptions, asked: TranscribeOptions,
+                        again: bool) -> Transcription | BaseException:
+    """`_check` up to the halves: the window's uncovered segments decoded again and spliced in."""
     spans = coverage.timing(result)
     speech = window.heard_speech
     rejected = policy.rejected(result) and not policy.cut_at_loop(result)
