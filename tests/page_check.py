@@ -303,16 +303,13 @@ HISTORY = """() => ({ choices: [...document.querySelectorAll("#rt-history-list l
   title: document.querySelector("#rt-history-title textarea, #rt-history-title input")?.value ?? null })"""
 
 
-LISTED = "() => document.querySelectorAll('#rt-history-list label').length > 0"
-
-
 def history_tab(page: Page, word: str, shots: Path | None) -> dict[str, Any]:
     """The History tab: listed when selected; searched for `word`; the newest match opened (its lines and srt)."""
     r: dict[str, Any] = {}
-    shows(page, LISTED, 30)
+    shows(page, "() => document.querySelectorAll('#rt-history-list label').length > 0", 30)
     r["before_click"] = page.evaluate(HISTORY)  # listed when the page loaded, the tab not selected yet
     page.get_by_role("tab", name="History").click()
-    shows(page, LISTED, 30)
+    shows(page, "() => document.querySelectorAll('#rt-history-list label').length > 0", 30)
     r["listed"] = page.evaluate(HISTORY)
     box = page.locator("#rt-history-search textarea, #rt-history-search input").first
     box.fill(word)
