@@ -125,30 +125,17 @@ def _reason(exc: Exception) -> str:
     return text[0] if text else type(exc).__name__
 
 
-QUIET_FRAME = 320
-"""20 ms: the frame whose mean energy `quietest` compares."""
-
-
-def quietest(audio: np.ndarray, lo: int, hi: int) -> int:
-    """The first sample of the quietest whole `QUIET_FRAME` of `audio[lo:hi]`, counted from `lo` (`lo` when the
-    range holds no whole frame)."""
-    window = audio[lo:hi]
-    n = window.size // QUIET_FRAME
-    if n == 0:
-        return lo
-    energy = np.square(window[: n * QUIET_FRAME].reshape(n, QUIET_FRAME)).mean(axis=1)
-    return lo + int(np.argmin(energy)) * QUIET_FRAME
-
-
 def split_at_quiet(audio: np.ndarray, max_s: float = 30.0, search_s: float = 5.0) -> list[np.ndarray]:
-    """Cut audio into pieces of at most `max_s`, each cut in the middle of the quietest 20 ms in the last
-    `search_s`."""
-    max_len, search = int(max_s * SAMPLE_RATE), int(search_s * SAMPLE_RATE)
+    """Cut audio into pieces of at most `max_s`, each cut at the quietest 20 ms in the last `search_s`."""
+    max_len, search, frame = int(max_s * SAMPLE_RATE), int(search_s * SAMPLE_RATE), 320
     pieces: list[np.ndarray] = []
     start = 0
     while audio.size - start > max_len:
         lo = start + max_len - search
-        cut = quietest(audio, lo, start + max_len) + QUIET_FRAME // 2
+        window = audio[lo : start + max_len]
+        n = window.size // frame
+        energy = np.square(window[: n * frame].reshape(n, frame)).mean(axis=1)
+        cut = lo + int(np.argmin(energy)) * frame + frame // 2
         pieces.append(audio[start:cut])
         start = cut
     pieces.append(audio[start:])

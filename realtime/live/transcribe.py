@@ -41,7 +41,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, iter_file, quietest
+from ..audio import SAMPLE_RATE, iter_file
 from ..engines import Engine, TimedText, TranscribeOptions, Transcription, policy
 from ..engines import logprobs as lp
 from ..engines.types import Word
@@ -109,13 +109,12 @@ class Window(SegmentEnd):
                       speech=tuple((x - a, y - a) for x, y in self.speech[first:stop]))
 
     def halves(self) -> Window | None:
-        """A lone segment's window as two segments, cut at the quietest 20 ms of the middle half of its speech
-        (`audio.quietest`); None for a window of several segments or over its context."""
+        """A lone segment's window as two segments, cut at the quietest moment of the middle half of its speech
+        (`coverage.quietest`); None for a window of several segments or over its context."""
         if self.context is not None or len(self.speech) != 1:
             return None
         (a, b), = self.speech
-        cut = quietest(self.audio, round((a + (b - a) / 4) * SAMPLE_RATE),
-                       round((b - (b - a) / 4) * SAMPLE_RATE)) / SAMPLE_RATE
+        cut = coverage.quietest(self.audio, a + (b - a) / 4, b - (b - a) / 4)
         offset, at = self.parts[0]
         return Window(self.segment, self.start, self.end, self.audio, self.forced, self.audio_start,
                       ((offset, at), (cut, at + cut - offset)), speech=((a, cut), (cut, b)))
@@ -599,11 +598,9 @@ async def _in_halves(worker: Worker, name: str, window: Window, result: Transcri
     for it when together they say more and keep what it said (`coverage.keeps`). Where an answer's words or pieces
     are timed, the rule for a lone segment is `coverage.LONE_GAP_S`."""
     speech = window.heard_speech
-    if coverage.timing(result) is not None or policy.rejected(result) or \
-            speech[0][1] - speech[0][0] < coverage.SPLIT_S or not coverage.sparse(speech[0], result):
-        return result
     split = window.halves()
-    if split is None:
+    if split is None or coverage.timing(result) is not None or policy.rejected(result) or \
+            speech[0][1] - speech[0][0] < coverage.SPLIT_S or not coverage.sparse(speech[0], result):
         return result
     log.info("file window %d: %d words for %.1f s of speech, decoding it in halves", window.segment,
              len(result.text.split()), speech[0][1] - speech[0][0])
