@@ -331,6 +331,31 @@ def test_a_lone_segment_timed_as_one_sentence_over_two_is_decoded_in_halves():
     assert not coverage.sparse((0.2, 11.8), piece("", 12.0)), "no text is Whisper's no-speech verdict"
 
 
+@pytest.mark.parametrize(("alone", "stands"), [("I really don't know how to talk like this!", True),
+                                              ("1 03 or so.", False)])
+def test_speech_the_vad_did_not_hear_is_read_alone_too_and_that_reading_stands_where_it_adds_words(alone, stands):
+    """Seed 20272 of `bench file --random`: a falsetto phrase of which the VAD heard 0.3 s, packed as the loud audio
+    around it right after a string of digits, which the window's decode read as more digits ("1-03"), its words
+    over that speech (covered). Decoded alone, it reads the phrase; an alone reading that adds no run of words
+    leaves the window's (with its context) as it was."""
+    w = window([3.0, 2.5, 4.0])
+    w = replace(w, speech=(w.speech[0], (3.2, 3.5), w.speech[2]), unheard=(1,))
+    said = "One two three. 1 03 Seven eight nine ten."
+    first = Transcription(said, duration=9.5, segments=(TimedText(0.0, 9.5, said, words(
+        (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."), (3.2, 3.6, "1"), (3.6, 5.3, "03"),
+        (5.8, 6.6, "Seven"), (6.7, 7.5, "eight"), (7.6, 8.4, "nine"), (8.5, 9.2, "ten."))),))
+    assert coverage.unaccounted(w.speech, coverage.timing(first), words=True) == [], "its speech looks covered"
+    engine = Scripted({w.part_audio(1).size: Transcription(alone, duration=2.5,
+                                                           segments=(TimedText(0.0, 2.5, alone),))})
+    got = account(engine, w, first, TranscribeOptions())
+    assert [size for size, _ in engine.asked] == [w.part_audio(1).size]
+    if stands:
+        assert got.text == f"One two three. {alone} Seven eight nine ten." and got.extra["redecoded"] == [1]
+    else:
+        assert got.text == said and "redecoded" not in got.extra
+    assert coverage.adds(Transcription(alone), ["three.", "1", "03", "Seven"]) is stands
+
+
 def test_an_answer_without_times_has_each_packed_segment_decoded_alone():
     w = window([3.0, 4.0])
     bare = Transcription("One two.", duration=7.0)

@@ -60,6 +60,9 @@ KEPT_SHARE = 0.9
 """A second decode `keeps` a first one that holds this share of its words, in order."""
 SPLIT_S = 4.0
 """A lone segment with at least this much speech whose answer is `sparse` is decoded again in halves."""
+ADDS_WORDS = 3
+"""A segment of speech the VAD did not hear is read again alone, and that reading stands where it `adds` this many
+consecutive words to the window's."""
 REACH_S = 0.4
 """How far beyond a word's or a piece's times its text counts as covering speech: alignment is coarse at the
 edges of words, and Whisper's piece boundaries fall in the pauses around them."""
@@ -230,6 +233,21 @@ def keeps(again: Transcription, first: Transcription) -> bool:
     return sum(block.size for block in matcher.get_matching_blocks()) >= KEPT_SHARE * len(said)
 
 
+def adds(alone: Transcription, said: Sequence[str]) -> bool:
+    """Whether a segment's answer decoded alone, not rejected, says `ADDS_WORDS` consecutive words that are not in
+    `said` (what its window's decode said over it and its neighbours), in order."""
+    if policy.rejected(alone):
+        return False
+    more = [k for k in map(policy.word_key, alone.text.split()) if k]
+    kept = [k for k in map(policy.word_key, said) if k]
+    at = 0
+    for block in SequenceMatcher(None, more, kept, autojunk=False).get_matching_blocks():
+        if block.a - at >= ADDS_WORDS:
+            return True
+        at = block.a + block.size
+    return False
+
+
 def unaccounted(speech: Sequence[Span], covered: Sequence[Span], words: bool = False, brief: bool = True) -> list[int]:
     """The segments of a packed window to decode again: `uncovered` ones, those an aligned word is `stretched`
     across (when `covered` are words' own times, not a piece's shared out), and those they make `suspect` (brief
@@ -253,8 +271,8 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_
     return out
 
 
-__all__ = ["EDGE_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONE_GAP_S", "LONG_WORD_S", "MIN_SPEECH_S",
-           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "Span", "bare_edge",
+__all__ = ["ADDS_WORDS", "EDGE_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONE_GAP_S", "LONG_WORD_S", "MIN_SPEECH_S",
+           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "Span", "adds", "bare_edge",
            "check_options", "checkable", "keeps", "longest_gap", "piece_timing", "quietest", "redecode_options",
            "sparse", "stretched", "suspect", "timing",
            "unaccounted", "uncovered", "window_options", "words_in"]

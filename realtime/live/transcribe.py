@@ -74,6 +74,8 @@ class Window(SegmentEnd):
     """Stream time of the first sample of `context`."""
     speech: tuple[tuple[float, float], ...] = ()
     """(start, end) of each packed segment's speech, in seconds into `audio`."""
+    unheard: tuple[int, ...] = ()
+    """Indexes of the packed segments whose part is the loud audio around them (`_Context.unheard`)."""
 
     @property
     def heard(self) -> np.ndarray:
@@ -106,7 +108,8 @@ class Window(SegmentEnd):
         audio = self.audio[round(a * SAMPLE_RATE):round(b * SAMPLE_RATE)]
         return Window(self.segment, self.start, self.end, audio, self.forced, self.parts[first][1],
                       tuple((o - a, t) for o, t in self.parts[first:stop]),
-                      speech=tuple((x - a, y - a) for x, y in self.speech[first:stop]))
+                      speech=tuple((x - a, y - a) for x, y in self.speech[first:stop]),
+                      unheard=tuple(i - first for i in self.unheard if first <= i < stop))
 
     def halves(self) -> Window | None:
         """A lone segment's window as two segments, cut at the quietest moment of the middle half of its speech
@@ -197,7 +200,8 @@ class _Packer:
         self.parts, self.contexts = self.parts[cut:], self.contexts[cut:]
         self.size = sum(self._size(p, c) for p, c in zip(self.parts, self.contexts, strict=True))
         context, context_start = contexts[0].around if len(parts) == 1 and contexts[0] else (None, 0.0)
-        if len(parts) > 1:  # a short segment beside unheard speech: its part is that audio
+        unheard = tuple(i for i, c in enumerate(contexts) if c and c.unheard) if len(parts) > 1 else ()
+        if unheard:  # a short segment beside unheard speech: its part is that audio
             parts = [replace(p, audio=c.unheard[0], audio_start=c.unheard[1]) if c and c.unheard else p
                      for p, c in zip(parts, contexts, strict=True)]
         audio = parts[0].audio if len(parts) == 1 else np.concatenate([p.audio for p in parts])
@@ -206,7 +210,7 @@ class _Packer:
                         tuple((float(o), p.audio_start) for o, p in zip(offsets, parts, strict=True)),
                         context, context_start,
                         tuple((float(o) + p.start - p.audio_start, float(o) + p.end - p.audio_start)
-                              for o, p in zip(offsets, parts, strict=True)))
+                              for o, p in zip(offsets, parts, strict=True)), unheard)
         self.index += 1
         return window
 
@@ -619,7 +623,8 @@ async def _in_halves(worker: Worker, name: str, window: Window, result: Transcri
 async def _check_window(worker: Worker, name: str, window: Window, result: Transcription,
                         options: TranscribeOptions, asked: TranscribeOptions,
                         again: bool) -> Transcription | BaseException:
-    """`_check` up to the halves: the window's uncovered segments decoded again and spliced in."""
+    """`_check` up to the halves: the window's uncovered segments decoded again and spliced in, and its segments of
+    speech the VAD did not hear decoded alone (`_unheard`)."""
     spans = coverage.timing(result)
     speech = window.heard_speech
     rejected = policy.rejected(result) and not policy.cut_at_loop(result)
@@ -638,30 +643,59 @@ async def _check_window(worker: Worker, name: str, window: Window, result: Trans
         if pieces:  # timed pieces with their words: either can look covered where the other does not
             missing = sorted({*missing, *coverage.unaccounted(speech, pieces, brief=False)})
         missing = _whole_pieces(window, result, missing)
-    if not missing:
+    alone = _unheard(window, result, missing) if checked else []
+    if not missing and not alone:
         return result
-    log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
-             window.segment, len(missing), len(speech))
+    runs: list[tuple[int, int]] = []
+    if missing:
+        log.info("file window %d: %d of %d segments without text over their speech, decoding them again",
+                 window.segment, len(missing), len(speech))
+        runs = _runs(missing) if checked else [(i, i + 1) for i in missing]
+        if runs == [(0, len(speech))]:  # nothing in the window to build on: each segment alone
+            runs = [(i, i + 1) for i in missing]
+    if alone:
+        log.info("file window %d: segments %s hold speech the VAD did not hear, decoding them alone too",
+                 window.segment, alone)
     redo = coverage.redecode_options(worker.engine, options, asked, packed=len(speech) > 1)
-    runs = _runs(missing) if checked else [(i, i + 1) for i in missing]
-    if runs == [(0, len(speech))]:  # nothing in the window to build on: each segment alone
-        runs = [(i, i + 1) for i in missing]
-    subs = [window.sub(a, b) for a, b in runs] if checked else []
+    subs = [window.sub(a, b) for a, b in [*runs, *((i, i + 1) for i in alone)]] if checked else []
     jobs = [Job(name, window.segment, subs[k].audio if checked else window.part_audio(a), _lane(asked),
                 coverage.window_options(options, len(subs[k].heard_speech)) if checked else redo)
-            for k, (a, _) in enumerate(runs)]
+            for k, (a, _) in enumerate([*runs, *((i, i + 1) for i in alone)])]
     answers: list[Transcription | BaseException] = list(
         await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True))
     for k, answer in enumerate(answers):
         if checked and isinstance(answer, Transcription):
             answers[k] = await _check(worker, name, subs[k], answer, options, asked, again=True)
+    answers, lone = answers[:len(runs)], answers[len(runs):]
     failed = next((a for a in answers if isinstance(a, BaseException)), None)
     if failed is not None:
         return result if loose else failed
     if loose and not coverage.keeps(answers[0], result):  # type: ignore[arg-type]
         return result
-    return _splice(window, result, {run: a for run, a in zip(runs, answers, strict=True)
-                                    if isinstance(a, Transcription)})
+    redone = {run: a for run, a in zip(runs, answers, strict=True) if isinstance(a, Transcription)}
+    for i, answer in zip(alone, lone, strict=True):
+        if isinstance(answer, Transcription) and coverage.adds(answer, _said_in(window, result, i - 1, i + 2)):
+            redone[(i, i + 1)] = answer
+    return _splice(window, result, redone) if redone else result
+
+
+def _unheard(window: Window, result: Transcription, missing: list[int]) -> list[int]:
+    """The window's segments whose part is speech the VAD did not hear (`Window.unheard`) and that are not decoded
+    again anyway, where their text can be spliced alone (a result without words: no timed piece lies over a
+    neighbour too). Such a voice is one Whisper barely knows (a falsetto, a cold), and in a window its reading
+    leans on the sentences around it: after a string of digits, a falsetto phrase read as more digits. Each is
+    decoded alone as well, and that answer takes its place where it adds words to the window's (`coverage.adds`)."""
+    return [i for i in window.unheard if i not in missing and _whole_pieces(window, result, [i]) == [i]]
+
+
+def _said_in(window: Window, result: Transcription, first: int, stop: int) -> list[str]:
+    """The words of the result that lie in the parts of segments `first` to `stop` (excluded) of the window (a word,
+    or a timed piece's words, by its middle)."""
+    bounds = window.bounds()
+    a, b = bounds[max(first, 0)][0], bounds[min(stop, len(bounds)) - 1][1]
+    if result.words:
+        return [w.word for w in result.words if a <= (w.start + w.end) / 2 < b]
+    return [w for p in result.segments if a <= (p.start + p.end) / 2 < b for w in p.text.split()]
 
 
 async def _account(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
