@@ -209,7 +209,30 @@ def test_a_long_stretch_of_faint_speech_before_a_segment_is_a_segment_of_its_own
     assert [(e.start, e.end) for e in got] == [(pytest.approx(20 * w), pytest.approx(55 * w - pad)),
                                                (pytest.approx(55 * w), pytest.approx(75 * w))]
     assert got[0].audio_start + got[0].audio.size / 16000 <= got[1].audio_start + 1e-6, "the audio overlaps"
-    assert len(faint_replay(low + faint[:15] + [0.9] * 20 + low)) == 1, "a short stretch is the segment's onset"
+    onset = faint_replay(low + faint[:15] + [0.9] * 20 + low)
+    assert [e.start for e in onset] == [pytest.approx(35 * w)], "a short stretch is the segment's onset"
+    assert onset[0].audio_start == pytest.approx(20 * w - pad, abs=w), "...and starts its audio"
+
+
+@pytest.mark.fast
+def test_a_segments_faint_onset_starts_its_audio():
+    """`bench file --random` seed 21089: in a noisy room Silero gave "this is the" (of "So this is the sick corpus",
+    `mfa-cold_corpus`) 0.1 to 0.4 for 0.8 s up to a segment's start: the segment's onset, whose audio was dropped
+    with it, and the text paths lost the phrase. An onset starts the segment's audio (with its padding); the
+    segment's speech still starts where Silero heard it."""
+    w = WINDOW / 16000
+    low, faint = [0.02] * 20, [0.2, 0.05, 0.05, 0.3, 0.15] * 3  # 15 windows (0.48 s)
+    probabilities = low + faint + [0.02] * 3 + [0.9] * 20 + low
+    seg = Segmenter(model=Replay(probabilities), faint=True)
+    audio = (np.arange(len(probabilities) * WINDOW) / 16000).astype(np.float32)  # each sample says when it is
+    got = [e for e in seg.feed(audio) + seg.flush() if isinstance(e, SegmentEnd)]
+    pad = VADConfig().pad_before_ms / 1000
+    assert [(e.start, e.end) for e in got] == [(pytest.approx(38 * w), pytest.approx(58 * w))]
+    assert got[0].audio_start == pytest.approx(20 * w - pad, abs=w)
+    assert got[0].audio[0] == pytest.approx(got[0].audio_start, abs=1e-4), "its audio is the stream's from there"
+    assert np.all(np.diff(got[0].audio) > 0), "no sample lost or given twice"
+    live = [e for e in replay(probabilities) if isinstance(e, SegmentEnd)]
+    assert live[0].audio_start == pytest.approx(38 * w - pad), "live sessions keep their padding"
 
 
 @pytest.mark.fast

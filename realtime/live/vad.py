@@ -380,9 +380,9 @@ class Segmenter:
         cfg = self.config
         if not self.active:
             if p >= cfg.threshold:
-                self._close_faint(events, onset=pos - self._faint_last < FAINT_CLEAR_S * SAMPLE_RATE,
-                                  before=pos - self._preroll.size)
-                self._open(pos, window)
+                onset = self._close_faint(events, onset=pos - self._faint_last < FAINT_CLEAR_S * SAMPLE_RATE,
+                                          before=pos - self._preroll.size)
+                self._open(pos, window, carry=onset)
                 return
             if self._pad_before:
                 self._preroll = np.concatenate([self._preroll, window])[-self._pad_before :]
@@ -456,27 +456,31 @@ class Segmenter:
         if ended or self._faint_last - self._faint_start >= self._max_len:
             self._close_faint(events)
 
-    def _close_faint(self, events: list[VADEvent], onset: bool = False, before: int | None = None) -> None:
+    def _close_faint(self, events: list[VADEvent], onset: bool = False,
+                     before: int | None = None) -> np.ndarray | None:
         """End the open stretch of faint speech: a segment if it is long enough and not only a segment's onset; its
-        audio stops `before` (where the segment that closes it starts its audio)."""
+        audio stops `before` (where the segment that closes it starts its audio). A stretch long enough that is only
+        the onset of the segment that opens now is given back, with its padding, to start that segment's audio: Silero
+        may hear the first words of a phrase in a noisy room only faintly ("So this is the" before "sick corpus")."""
         buf, self._faint = self._faint, None
         if buf is None:
-            return
+            return None
         heard, loud = self._faint_heard - self._faint_first, self._faint_heard - self._faint_start
         if heard >= FAINT_MIN_S * SAMPLE_RATE:  # long enough by its faint windows: it starts at the first
             first = self._faint_first
         elif self._faint_start < self._faint_first and loud >= FAINT_LOUD_MIN_S * SAMPLE_RATE:
             first = self._faint_start
         else:
-            return
-        if onset and heard < FAINT_ONSET_S * SAMPLE_RATE:
-            return
-        stop = self._faint_last + self._pad_after if before is None else min(before, self._faint_last + self._pad_after)
+            return None
         origin = max(self._faint_origin, self._origin(first))
+        if onset and heard < FAINT_ONSET_S * SAMPLE_RATE:
+            return buf.view(origin - self._faint_origin).copy()
+        stop = self._faint_last + self._pad_after if before is None else min(before, self._faint_last + self._pad_after)
         index, self._next_index = self._next_index, self._next_index + 1
         start, end = first / SAMPLE_RATE, min(self._faint_last, stop) / SAMPLE_RATE
         audio = buf.view(origin - self._faint_origin, stop - self._faint_origin).copy()
         events += [SegmentStart(index, start), SegmentEnd(index, start, end, audio, False, origin / SAMPLE_RATE)]
+        return None
 
     def _open(self, pos: int, window: np.ndarray, carry: np.ndarray | None = None) -> None:
         self.active = True
