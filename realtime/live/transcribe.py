@@ -657,10 +657,11 @@ async def _check_window(worker: Worker, name: str, window: Window, result: Trans
         log.info("file window %d: segments %s hold speech the VAD did not hear, decoding them alone too",
                  window.segment, alone)
     redo = coverage.redecode_options(worker.engine, options, asked, packed=len(speech) > 1)
-    subs = [window.sub(a, b) for a, b in [*runs, *((i, i + 1) for i in alone)]] if checked else []
+    asks = [*runs, *((i, i + 1) for i in alone)]
+    subs = [window.sub(a, b) for a, b in asks] if checked else []
     jobs = [Job(name, window.segment, subs[k].audio if checked else window.part_audio(a), _lane(asked),
                 coverage.window_options(options, len(subs[k].heard_speech)) if checked else redo)
-            for k, (a, _) in enumerate([*runs, *((i, i + 1) for i in alone)])]
+            for k, (a, _) in enumerate(asks)]
     answers: list[Transcription | BaseException] = list(
         await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True))
     for k, answer in enumerate(answers):
