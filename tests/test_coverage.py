@@ -331,6 +331,36 @@ def test_a_lone_segment_timed_as_one_sentence_over_two_is_decoded_in_halves():
     assert not coverage.sparse((0.2, 11.8), piece("", 12.0)), "no text is Whisper's no-speech verdict"
 
 
+def test_a_lone_segment_of_two_sentences_that_says_one_is_decoded_in_halves():
+    """Seed 21208 of `bench file --random` (the vLLM engine): two clips 0.24 s apart made one segment of 4.8 s of
+    speech, and vLLM's answer was the first sentence alone as one piece over the whole ("A thin stripe runs down the
+    middle.", 7 words: 1.5 a second, more than a slow speaker's `MIN_WORDS_PER_S`): "Mend the coat before you go
+    out" was lost. Under `UNTIMED_WORDS_PER_S`, such an answer is decoded in halves, which stand when they keep it
+    and say more; a reading as fast as read speech is left alone, with no decode beyond its own."""
+    w = window([5.2])
+    audio = w.audio.copy()
+    audio[round(2.55 * SAMPLE_RATE):round(2.79 * SAMPLE_RATE)] = 0.0  # the pause between the two clips
+    w = replace(w, audio=audio)
+    split = w.halves()
+    assert split is not None and split.speech[0][1] == pytest.approx(2.55, abs=0.02)
+    first_text, second_text = "A thin stripe runs down the middle.", "Mend the coat before you go out."
+
+    def piece(text: str, seconds: float) -> Transcription:
+        return Transcription(text, duration=seconds, segments=(TimedText(0.0, seconds, text),))
+
+    sizes = [split.part_audio(k).size for k in (0, 1)]
+    halves = {sizes[0]: piece(first_text, sizes[0] / SAMPLE_RATE), sizes[1]: piece(second_text, sizes[1] / SAMPLE_RATE)}
+    engine = Scripted(dict(halves), words=False)
+    got = account(engine, w, piece(first_text, 5.2), TranscribeOptions(timestamps=True))
+    assert got.text == f"{first_text} {second_text}", got.text
+    assert got.segments[1].start == pytest.approx(2.55, abs=0.02)
+    assert coverage.MIN_WORDS_PER_S < 7 / 4.8 < coverage.UNTIMED_WORDS_PER_S
+    both = f"{first_text} {second_text}"
+    engine = Scripted(dict(halves), words=False)
+    assert account(engine, w, piece(both, 5.2), TranscribeOptions(timestamps=True)).text == both
+    assert engine.asked == [], "a reading at the pace of speech is not decoded again"
+
+
 @pytest.mark.parametrize(("alone", "stands"), [("I really don't know how to talk like this!", True),
                                               ("1 03 or so.", False)])
 def test_speech_the_vad_did_not_hear_is_read_alone_too_and_that_reading_stands_where_it_adds_words(alone, stands):

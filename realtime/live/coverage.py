@@ -59,7 +59,12 @@ LONG_WORD_S = 2.0
 KEPT_SHARE = 0.9
 """A second decode `keeps` a first one that holds this share of its words, in order."""
 SPLIT_S = 4.0
-"""A lone segment with at least this much speech whose answer is `sparse` is decoded again in halves."""
+"""A lone segment with at least this much speech whose answer is `sparse` at `UNTIMED_WORDS_PER_S` and does not say
+where its text lies is decoded again in halves."""
+UNTIMED_WORDS_PER_S = 2.0
+"""Fewer words than this per second of a lone segment's speech, in an answer that does not say where they lie, may be
+one sentence of two: read speech runs faster, and a segment of two sentences that kept one says about half of its
+words."""
 ADDS_WORDS = 3
 """A segment of speech the VAD did not hear is read again alone, and that reading stands where it `adds` this many
 consecutive words to the window's."""
@@ -200,11 +205,11 @@ def stretched(speech: Sequence[Span], words: Sequence[Span]) -> list[int]:
     return sorted(out)
 
 
-def sparse(speech: Span, result: Transcription) -> bool:
-    """Whether a result with text says fewer than `MIN_WORDS_PER_S` words per second of its segment's speech (of
+def sparse(speech: Span, result: Transcription, rate: float = MIN_WORDS_PER_S) -> bool:
+    """Whether a result with text says fewer than `rate` words per second of its segment's speech (of
     `SPARSE_SPEECH_S` or more), wherever its words may lie: an empty answer is Whisper's no-speech verdict."""
     words, length = len(result.text.split()), speech[1] - speech[0]
-    return 0 < words < MIN_WORDS_PER_S * length and length >= SPARSE_SPEECH_S
+    return 0 < words < rate * length and length >= SPARSE_SPEECH_S
 
 
 def quietest(audio: np.ndarray, start: float, end: float, frame_s: float = 0.02) -> float:
@@ -272,7 +277,7 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_
 
 
 __all__ = ["ADDS_WORDS", "EDGE_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONE_GAP_S", "LONG_WORD_S", "MIN_SPEECH_S",
-           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "Span", "adds", "bare_edge",
-           "check_options", "checkable", "keeps", "longest_gap", "piece_timing", "quietest", "redecode_options",
-           "sparse", "stretched", "suspect", "timing",
-           "unaccounted", "uncovered", "window_options", "words_in"]
+           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "UNTIMED_WORDS_PER_S", "Span",
+           "adds", "bare_edge", "check_options", "checkable", "keeps", "longest_gap", "piece_timing", "quietest",
+           "redecode_options", "sparse", "stretched", "suspect", "timing", "unaccounted", "uncovered", "window_options",
+           "words_in"]

@@ -604,7 +604,8 @@ async def _in_halves(worker: Worker, name: str, window: Window, result: Transcri
     speech = window.heard_speech
     split = window.halves()
     if split is None or coverage.timing(result) is not None or policy.rejected(result) or \
-            speech[0][1] - speech[0][0] < coverage.SPLIT_S or not coverage.sparse(speech[0], result):
+            speech[0][1] - speech[0][0] < coverage.SPLIT_S or \
+            not coverage.sparse(speech[0], result, coverage.UNTIMED_WORDS_PER_S):
         return result
     log.info("file window %d: %d words for %.1f s of speech, decoding it in halves", window.segment,
              len(result.text.split()), speech[0][1] - speech[0][0])
