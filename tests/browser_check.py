@@ -12,6 +12,7 @@ rate every page check uses.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import time
 from pathlib import Path
@@ -41,6 +42,19 @@ READ = """() => { const box = document.getElementById("rt-transcript");
   const texts = (sel) => [...box.querySelectorAll(sel)].map((e) => e.textContent.trim()).filter(Boolean);
   return { finals: texts(".rt-final"), partial: texts(".rt-committed, .rt-tentative"),
            errors: texts(".rt-error"), up: window.__pcs.some((pc) => pc.connectionState === "connected") }; }"""
+PLAY_ONCE_CONNECTED = """((b64) => { const open = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+  navigator.mediaDevices.getUserMedia = async (c) => {
+    if (!c || !c.audio) return open(c);
+    const ctx = new AudioContext(); const out = ctx.createMediaStreamDestination();
+    const wav = await ctx.decodeAudioData(Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0)).buffer);
+    const wait = setInterval(() => {
+      if (!window.__pcs.some((pc) => pc.connectionState === "connected")) return;
+      clearInterval(wait); const src = ctx.createBufferSource(); src.buffer = wav; src.connect(out); src.start();
+    }, 20);
+    return out.stream; }; })"""
+"""The microphone as a recording played once from the moment the page's peer connection is up (silence before):
+Chromium's fake device plays its file from the moment the page asks for the microphone, and on a loaded machine
+the connection can come up after the recording is over (`KEEP_PCS` first)."""
 PAIRS = """async () => { const out = [];
   for (const pc of window.__pcs) { const stats = [...(await pc.getStats()).values()];
     const byId = Object.fromEntries(stats.map((s) => [s.id, s]));
@@ -50,17 +64,17 @@ PAIRS = """async () => { const out = [];
 
 
 def transcribe(p: Playwright, url: str, wav: Path, shot: Path, expect: int, timeout: float) -> dict[str, Any]:
-    """The page at `url` in a browser of its own whose fake microphone plays `wav` once: "start stream" clicked,
-    #rt-transcript read until `expect` final lines show and no partial (or `timeout` seconds pass), a full-page
-    screenshot to `shot` (and the transcript with a partial after a final to browser-partial.png beside it), every
-    request recorded."""
+    """The page at `url` in a browser of its own whose microphone plays `wav` once (`PLAY_ONCE_CONNECTED`): "start
+    stream" clicked, #rt-transcript read until `expect` final lines show and no partial (or `timeout` seconds pass),
+    a full-page screenshot to `shot` (and the transcript with a partial after a final to browser-partial.png beside
+    it), every request recorded."""
     result: dict[str, Any] = {"requests": [], "console": [], "first_text_s": None, "final_text_s": None,
                               "timeline": []}
-    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav.resolve()}%noloop"])
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=FLAGS)
     try:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.add_init_script(KEEP_PCS)
+        page.add_init_script(f"{PLAY_ONCE_CONNECTED}({json.dumps(base64.b64encode(wav.read_bytes()).decode())});")
         page.add_init_script(FRAMES)
         page.on("request", lambda r: result["requests"].append(r.url))
         page.on("websocket", lambda ws: result["requests"].append(ws.url))

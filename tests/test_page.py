@@ -359,7 +359,8 @@ def test_page_transcribes_fake_microphone(run: tuple[Compilation, str, dict[str,
     synth = _scenario(r, "synth")
     hyp = " ".join(synth["finals"])
     assert not synth["errors"], synth["errors"]
-    assert wer(r["synth_text"], hyp) <= 0.35, f"WER too high: {hyp!r} vs {r['synth_text']!r}\n{r['app_log']}"
+    assert wer(r["synth_text"], hyp) <= 0.35, (f"WER too high: {hyp!r} vs {r['synth_text']!r} (connected "
+                                               f"{synth.get('connected_s')} s after the click)\n{r['app_log']}")
     assert synth["ice_pairs"] and all(a in LOOPBACK for pair in synth["ice_pairs"] for a in pair), synth["ice_pairs"]
     assert SHOT.exists() and SHOT.stat().st_size > 0
 
