@@ -327,6 +327,7 @@ def test_a_lone_segment_timed_as_one_sentence_over_two_is_decoded_in_halves():
     engine = Scripted({sizes[0]: piece("This is a", sizes[0] / SAMPLE_RATE),
                        sizes[1]: piece("long stop.", sizes[1] / SAMPLE_RATE)}, words=False)
     assert account(engine, w, slow, TranscribeOptions(timestamps=True)).text == "This is a long stop."
+    assert len(engine.asked) == 2, "halves that say no more are not cut again"
     assert coverage.sparse((0.2, 11.8), first) and not coverage.sparse((0.2, 11.8), piece(" ".join(["word"] * 12), 12))
     assert not coverage.sparse((0.2, 11.8), piece("", 12.0)), "no text is Whisper's no-speech verdict"
 
@@ -359,6 +360,35 @@ def test_a_lone_segment_of_two_sentences_that_says_one_is_decoded_in_halves():
     engine = Scripted(dict(halves), words=False)
     assert account(engine, w, piece(both, 5.2), TranscribeOptions(timestamps=True)).text == both
     assert engine.asked == [], "a reading at the pace of speech is not decoded again"
+
+
+def test_on_an_engine_without_times_a_short_segment_of_two_phrases_that_says_one_is_decoded_in_halves():
+    """Seed 21480 of `bench file --random` (the vLLM engine, which gives no times: a segment is a window of its own):
+    "Four of clubs" and "What joy there is in living" 0.11 s apart made one segment of 3.5 s of speech, read "for
+    Queen of Clothes." (4 words). Under `SPLIT_S` but over `UNTIMED_SPLIT_S`, it is decoded in halves; where the
+    halves say more, each half still too short is cut again; on an engine whose answers are checked by their times,
+    the floor stays `SPLIT_S`."""
+    w = window([3.9])
+    audio = w.audio.copy()
+    audio[round(1.9 * SAMPLE_RATE):round(2.01 * SAMPLE_RATE)] = 0.0  # the pause between the two clips
+    w = replace(w, audio=audio)
+    split = w.halves()
+    assert split is not None and split.speech[0][1] == pytest.approx(1.9, abs=0.02)
+    first_text, second_text = "Four, Queen of Clothes.", "What joy there is in living."
+
+    def said(text: str, seconds: float) -> Transcription:
+        return Transcription(text, duration=seconds)
+
+    sizes = [split.part_audio(k).size for k in (0, 1)]
+    script = {sizes[0]: said(first_text, sizes[0] / SAMPLE_RATE), sizes[1]: said(second_text, sizes[1] / SAMPLE_RATE)}
+    untimed = Scripted(dict(script), timestamps=False, words=False)
+    assert not coverage.checkable(untimed)
+    got = account(untimed, w, said(first_text, 3.9), TranscribeOptions())
+    assert got.text == f"{first_text} {second_text}", got.text
+    assert coverage.UNTIMED_SPLIT_S < 3.5 < coverage.SPLIT_S
+    timed = Scripted(dict(script), words=False)
+    assert account(timed, w, said(first_text, 3.9), TranscribeOptions()).text == first_text
+    assert timed.asked == []
 
 
 @pytest.mark.parametrize(("alone", "stands"), [("I really don't know how to talk like this!", True),

@@ -61,6 +61,10 @@ KEPT_SHARE = 0.9
 SPLIT_S = 4.0
 """A lone segment with at least this much speech whose answer is `sparse` at `UNTIMED_WORDS_PER_S` and does not say
 where its text lies is decoded again in halves."""
+UNTIMED_SPLIT_S = 2.0
+"""...this much, on an engine that gives no times (`checkable`): there a segment is a window of its own and nothing
+else checks it, and two short phrases the VAD joined are read as one (each half holds a quarter of the speech or
+more, a word or two)."""
 UNTIMED_WORDS_PER_S = 2.0
 """Fewer words than this per second of a lone segment's speech, in an answer that does not say where they lie, may be
 one sentence of two: read speech runs faster, and a segment of two sentences that kept one says about half of its
@@ -277,7 +281,7 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_
 
 
 __all__ = ["ADDS_WORDS", "EDGE_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONE_GAP_S", "LONG_WORD_S", "MIN_SPEECH_S",
-           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "UNTIMED_WORDS_PER_S", "Span",
-           "adds", "bare_edge", "check_options", "checkable", "keeps", "longest_gap", "piece_timing", "quietest",
-           "redecode_options", "sparse", "stretched", "suspect", "timing", "unaccounted", "uncovered", "window_options",
-           "words_in"]
+           "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "UNTIMED_SPLIT_S",
+           "UNTIMED_WORDS_PER_S", "Span", "adds", "bare_edge", "check_options", "checkable", "keeps", "longest_gap",
+           "piece_timing", "quietest", "redecode_options", "sparse", "stretched", "suspect", "timing", "unaccounted",
+           "uncovered", "window_options", "words_in"]

@@ -599,12 +599,14 @@ async def _in_halves(worker: Worker, name: str, window: Window, result: Transcri
     timed piece over the whole clip) and says too few words for its speech (`coverage.sparse`): an engine that gives
     Whisper's timed pieces but no word times may time one sentence over two, and decodes the same audio again the
     same way, so no second answer of the whole can be better. Its two halves decoded, each checked in turn, stand
-    for it when together they say more and keep what it said (`coverage.keeps`). Where an answer's words or pieces
-    are timed, the rule for a lone segment is `coverage.LONE_GAP_S`."""
+    for it when together they say more and keep what it said (`coverage.keeps`); only then is each half that is
+    still too short for its speech decoded in halves in turn (a slow speaker's halves say no more, and are not cut
+    again). Where an answer's words or pieces are timed, the rule for a lone segment is `coverage.LONE_GAP_S`."""
     speech = window.heard_speech
     split = window.halves()
     if split is None or coverage.timing(result) is not None or policy.rejected(result) or \
-            speech[0][1] - speech[0][0] < coverage.SPLIT_S or \
+            speech[0][1] - speech[0][0] < (coverage.SPLIT_S if coverage.checkable(worker.engine)
+                                           else coverage.UNTIMED_SPLIT_S) or \
             not coverage.sparse(speech[0], result, coverage.UNTIMED_WORDS_PER_S):
         return result
     log.info("file window %d: %d words for %.1f s of speech, decoding it in halves", window.segment,
@@ -613,12 +615,16 @@ async def _in_halves(worker: Worker, name: str, window: Window, result: Transcri
     jobs = [Job(name, window.segment, half.audio, _lane(asked), coverage.window_options(options, 1))
             for half in halves]
     answers = await asyncio.gather(*(worker.submit(j) for j in jobs), return_exceptions=True)
-    checked = [await _check(worker, name, half, a, options, asked, again=True) if isinstance(a, Transcription)
-               else a for half, a in zip(halves, answers, strict=True)]
+    checked = [await _check_window(worker, name, half, a, options, asked, again=True)
+               if isinstance(a, Transcription) else a for half, a in zip(halves, answers, strict=True)]
     if not all(isinstance(a, Transcription) for a in checked):
         return result
     joined = _splice(split, result, {(k, k + 1): a for k, a in enumerate(checked)})  # type: ignore[misc]
-    return joined if coverage.keeps(joined, result) else result
+    if not coverage.keeps(joined, result):
+        return result
+    deeper = [await _in_halves(worker, name, half, a, options, asked)  # type: ignore[arg-type]
+              for half, a in zip(halves, checked, strict=True)]
+    return _splice(split, result, {(k, k + 1): a for k, a in enumerate(deeper)})
 
 
 async def _check_window(worker: Worker, name: str, window: Window, result: Transcription,
