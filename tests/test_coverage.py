@@ -297,23 +297,31 @@ def test_a_lone_segment_whose_text_stops_short_is_decoded_again_with_timestamps(
     assert got.text == "One two. Three four." and [o.timestamps for _, o in engine.asked] == [True]
 
 
+def paused(seconds: float, pause: tuple[float, float]) -> Window:
+    """A window of one segment this long whose audio is silent over `pause` (the gap between two clips the VAD
+    joined into one segment)."""
+    w = window([seconds])
+    audio = w.audio.copy()
+    audio[round(pause[0] * SAMPLE_RATE):round(pause[1] * SAMPLE_RATE)] = 0.0
+    return replace(w, audio=audio)
+
+
+def piece(text: str, seconds: float) -> Transcription:
+    """An answer as one timed piece over the whole clip (no word times)."""
+    return Transcription(text, duration=seconds, segments=(TimedText(0.0, seconds, text),))
+
+
 def test_a_lone_segment_timed_as_one_sentence_over_two_is_decoded_in_halves():
     """Seed 20077 of `bench file --random` (the vLLM engine: Whisper's timed pieces, no word times): two clips 0.23 s
     apart made one segment, and the decode gave its first sentence ("Feels like these days go on forever.") as one
     piece over the whole 12 s, again when the segment was decoded alone: the 8 s sentence after it was lost. Too few
     words for its speech, it is decoded in halves cut at the quietest moment of its middle, and they stand for it;
     where the halves say no more (a slow speaker), the first answer stands."""
-    w = window([12.0])
-    audio = w.audio.copy()
-    audio[round(4.0 * SAMPLE_RATE):round(4.2 * SAMPLE_RATE)] = 0.0  # the pause between the two clips
-    w = replace(w, audio=audio)
+    w = paused(12.0, (4.0, 4.2))
     split = w.halves()
     assert split is not None and split.speech == (pytest.approx((0.2, 4.0)), pytest.approx((4.0, 11.8)))
     first_text, second_text = ("Feels like these days go on forever.",
                                "The invention of movable metal letters in the middle of the fifteenth century.")
-
-    def piece(text: str, seconds: float) -> Transcription:
-        return Transcription(text, duration=seconds, segments=(TimedText(0.0, seconds, text),))
 
     sizes = [split.part_audio(k).size for k in (0, 1)]
     first = piece(first_text, 12.0)
@@ -338,16 +346,10 @@ def test_a_lone_segment_of_two_sentences_that_says_one_is_decoded_in_halves():
     middle.", 7 words: 1.5 a second, more than a slow speaker's `MIN_WORDS_PER_S`): "Mend the coat before you go
     out" was lost. Under `UNTIMED_WORDS_PER_S`, such an answer is decoded in halves, which stand when they keep it
     and say more; a reading as fast as read speech is left alone, with no decode beyond its own."""
-    w = window([5.2])
-    audio = w.audio.copy()
-    audio[round(2.55 * SAMPLE_RATE):round(2.79 * SAMPLE_RATE)] = 0.0  # the pause between the two clips
-    w = replace(w, audio=audio)
+    w = paused(5.2, (2.55, 2.79))
     split = w.halves()
     assert split is not None and split.speech[0][1] == pytest.approx(2.55, abs=0.02)
     first_text, second_text = "A thin stripe runs down the middle.", "Mend the coat before you go out."
-
-    def piece(text: str, seconds: float) -> Transcription:
-        return Transcription(text, duration=seconds, segments=(TimedText(0.0, seconds, text),))
 
     sizes = [split.part_audio(k).size for k in (0, 1)]
     halves = {sizes[0]: piece(first_text, sizes[0] / SAMPLE_RATE), sizes[1]: piece(second_text, sizes[1] / SAMPLE_RATE)}
@@ -368,10 +370,7 @@ def test_on_an_engine_without_times_a_short_segment_of_two_phrases_that_says_one
     Queen of Clothes." (4 words). Under `SPLIT_S` but over `UNTIMED_SPLIT_S`, it is decoded in halves; where the
     halves say more, each half still too short is cut again; on an engine whose answers are checked by their times,
     the floor stays `SPLIT_S`."""
-    w = window([3.9])
-    audio = w.audio.copy()
-    audio[round(1.9 * SAMPLE_RATE):round(2.01 * SAMPLE_RATE)] = 0.0  # the pause between the two clips
-    w = replace(w, audio=audio)
+    w = paused(3.9, (1.9, 2.01))
     split = w.halves()
     assert split is not None and split.speech[0][1] == pytest.approx(1.9, abs=0.02)
     first_text, second_text = "Four, Queen of Clothes.", "What joy there is in living."
