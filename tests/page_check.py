@@ -283,6 +283,8 @@ def phone(browser: Browser, app: App, requests: list[str], shots: Path) -> dict[
 def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     page = start_live(context, app.url)
     r: dict[str, Any] = {"before": wait_finals(page, 1, DEADLINE_S)}
+    r["pc_states_before"] = page.evaluate("() => window.__pcs.map((pc) => pc.connectionState)")
+    r["status_before"] = page.inner_text("#rt-status")
     app.proc.kill()
     app.proc.wait(10)
     deadline = time.monotonic() + 60

@@ -259,7 +259,7 @@ def test_phone_viewport_has_no_sideways_overflow(run: tuple[Compilation, str, di
 
 def test_dropped_connection_is_reported_and_transcript_kept(run: tuple[Compilation, str, dict[str, Any]]) -> None:
     drop = _scenario(run[2], "drop")
-    assert drop["before"], drop
+    assert drop["before"], f"{drop}\n{run[2]['app_log']}"
     assert "connection to the server dropped" in drop["notice"], drop
     assert drop["after"][:len(drop["before"])] == drop["before"], drop
 
