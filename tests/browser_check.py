@@ -28,10 +28,22 @@ FLAGS = [
     "--use-fake-device-for-media-stream", "--allow-loopback-in-peer-connection",
     "--autoplay-policy=no-user-gesture-required", "--disable-features=WebRtcHideLocalIpsWithMdns",
 ]
-# Keep every RTCPeerConnection the page makes, to read the chosen ICE candidate pair afterwards.
-KEEP_PCS = """(() => { const Orig = window.RTCPeerConnection; window.__pcs = [];
-  window.RTCPeerConnection = function (...a) { const pc = new Orig(...a); window.__pcs.push(pc); return pc; };
+# Keep every RTCPeerConnection the page makes (to read the chosen ICE candidate pair afterwards) and every data
+# channel they open, with the messages each received (FastRTC's server says "fetch_output" over it for each output).
+KEEP_PCS = """(() => { const Orig = window.RTCPeerConnection; window.__pcs = []; window.__dcs = [];
+  window.RTCPeerConnection = function (...a) { const pc = new Orig(...a); window.__pcs.push(pc);
+    const open = pc.createDataChannel.bind(pc);
+    pc.createDataChannel = (...d) => { const dc = open(...d); const kept = { dc, messages: 0 };
+      dc.addEventListener("message", () => { kept.messages += 1; }); window.__dcs.push(kept); return dc; };
+    return pc; };
   window.RTCPeerConnection.prototype = Orig.prototype; })();"""
+CONNECTION_STATE = """async () => ({
+  pcs: window.__pcs.map((pc) => [pc.connectionState, pc.iceConnectionState]),
+  channels: window.__dcs.map((k) => [k.dc.label, k.dc.readyState, k.messages]),
+  packets_sent: await Promise.all(window.__pcs.map(async (pc) => [...(await pc.getStats()).values()]
+    .filter((s) => s.type === "outbound-rtp").reduce((n, s) => n + (s.packetsSent ?? 0), 0))) })"""
+"""Each peer connection's states, each data channel's state and messages received, and the audio packets each
+connection sent: what a page that shows no text was doing (`KEEP_PCS` first)."""
 FRAMES = """(() => { const raf = window.requestAnimationFrame.bind(window);
   window.requestAnimationFrame = (cb) => setTimeout(() => raf(cb), 250); })();"""
 """Animation frames a quarter of a second apart, not at the display's rate. A headless browser paints the page's

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from browser_check import FLAGS, FRAMES, KEEP_PCS, TIMEOUT_S, transcribe
+from browser_check import CONNECTION_STATE, FLAGS, FRAMES, KEEP_PCS, TIMEOUT_S, transcribe
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
@@ -152,6 +152,7 @@ def live(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     r: dict[str, Any] = {"picker": picker, "finals": wait_finals(page, 2, DEADLINE_S), "console": console}
     r["lines"] = page.evaluate(LINES, "#rt-transcript")
     r["status"] = page.inner_text("#rt-status")
+    r["connection"] = page.evaluate(CONNECTION_STATE)
     links = page.evaluate(LINKS, "#rt-status")
     r["links"] = links
     r["downloads"] = page.evaluate(FETCH, links)
@@ -204,7 +205,8 @@ def captions(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
         page.wait_for_timeout(200)
     # what the page said (its status line is hidden in this view), for a run that shows no line
     r: dict[str, Any] = {"lines": lines, "seen": seen, "console": console[-40:],
-                         "status": page.evaluate("() => document.querySelector('#rt-status')?.textContent ?? ''")}
+                         "status": page.evaluate("() => document.querySelector('#rt-status')?.textContent ?? ''"),
+                         "connection": page.evaluate(CONNECTION_STATE)}
     r["hidden"] = page.evaluate("""() => ["#rt-header", "#rt-status", "#rt-copy"].map(
         (s) => document.querySelector(s)?.offsetParent === null)""")
     r["control_visible"] = page.locator("#rt-webrtc").is_visible()
@@ -283,7 +285,7 @@ def phone(browser: Browser, app: App, requests: list[str], shots: Path) -> dict[
 def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
     page = start_live(context, app.url)
     r: dict[str, Any] = {"before": wait_finals(page, 1, DEADLINE_S)}
-    r["pc_states_before"] = page.evaluate("() => window.__pcs.map((pc) => pc.connectionState)")
+    r["connection_before"] = page.evaluate(CONNECTION_STATE)
     r["status_before"] = page.inner_text("#rt-status")
     app.proc.kill()
     app.proc.wait(10)
