@@ -125,17 +125,24 @@ def _reason(exc: Exception) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def quietest_frame(audio: np.ndarray, start: int, stop: int, frame: int = 320) -> int:
+    """The first sample of the quietest `frame` samples (20 ms) of `audio` from `start` on, in whole frames up to
+    `stop` (one frame at least); `start` where the audio holds less than that."""
+    count = max(1, (stop - start) // frame)
+    part = audio[start:start + count * frame].astype(np.float64)
+    if part.size < count * frame:
+        return start
+    return start + int(np.argmin(np.square(part).reshape(count, frame).mean(axis=1))) * frame
+
+
 def split_at_quiet(audio: np.ndarray, max_s: float = 30.0, search_s: float = 5.0) -> list[np.ndarray]:
-    """Cut audio into pieces of at most `max_s`, each cut at the quietest 20 ms in the last `search_s`."""
+    """Cut audio into pieces of at most `max_s`, each cut in the middle of the quietest 20 ms in the last
+    `search_s` (`quietest_frame`)."""
     max_len, search, frame = int(max_s * SAMPLE_RATE), int(search_s * SAMPLE_RATE), 320
     pieces: list[np.ndarray] = []
     start = 0
     while audio.size - start > max_len:
-        lo = start + max_len - search
-        window = audio[lo : start + max_len]
-        n = window.size // frame
-        energy = np.square(window[: n * frame].reshape(n, frame)).mean(axis=1)
-        cut = lo + int(np.argmin(energy)) * frame + frame // 2
+        cut = quietest_frame(audio, start + max_len - search, start + max_len, frame) + frame // 2
         pieces.append(audio[start:cut])
         start = cut
     pieces.append(audio[start:])

@@ -26,7 +26,7 @@ from difflib import SequenceMatcher
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE
+from ..audio import SAMPLE_RATE, quietest_frame
 from ..engines import policy
 from ..engines.base import Engine
 from ..engines.types import TranscribeOptions, Transcription
@@ -218,14 +218,9 @@ def sparse(speech: Span, result: Transcription, rate: float = MIN_WORDS_PER_S) -
 
 def quietest(audio: np.ndarray, start: float, end: float, frame_s: float = 0.02) -> float:
     """The start, in seconds into `audio`, of its quietest `frame_s` between `start` and `end`."""
-    frame = max(1, round(frame_s * SAMPLE_RATE))
-    a, b = round(start * SAMPLE_RATE), round(end * SAMPLE_RATE)
-    count = max(1, (b - a) // frame)
-    frames = audio[a:a + count * frame].astype(np.float64)
-    if frames.size < count * frame:
-        return start
-    energy = (frames.reshape(count, frame) ** 2).mean(axis=1)
-    return (a + int(np.argmin(energy)) * frame) / SAMPLE_RATE
+    a = quietest_frame(audio, round(start * SAMPLE_RATE), round(end * SAMPLE_RATE),
+                       max(1, round(frame_s * SAMPLE_RATE)))
+    return a / SAMPLE_RATE
 
 
 def keeps(again: Transcription, first: Transcription) -> bool:
