@@ -62,8 +62,9 @@ def test_kill_9_mid_sentence_keeps_every_final_the_clients_received(tmp_path, re
     record_property("random seeds", f"clips {seed}")
     pool = live_clips()
     rng = random.Random(seed)
-    # six sentences each: the kill comes after two finals each, which a slow host may give late
-    recordings = [compilation(rng.sample(pool, 6), tmp_path / f"client{i}.wav") for i in range(4)]
+    # twelve sentences each (about a minute): the kill comes after two finals each, which a loaded host may give
+    # late (in a fresh clone's suite, one of four recordings of six sentences ended first)
+    recordings = [compilation(rng.sample(pool, 12), tmp_path / f"client{i}.wav") for i in range(4)]
     data = tmp_path / "data"
     app = launch(tmp_path, "--api-key", KEY, "--data-dir", str(data), "--keep-audio")
     try:
@@ -74,7 +75,8 @@ def test_kill_9_mid_sentence_keeps_every_final_the_clients_received(tmp_path, re
             deadline = time.monotonic() + SETTLE_S
             while not _mid_sentence(peers):
                 assert time.monotonic() < deadline, [p.summary() for p in peers]
-                assert not any(p.track.done.is_set() for p in peers), "a recording ended before the kill"
+                assert not any(p.track.done.is_set() for p in peers), \
+                    f"seed {seed}: a recording ended before the kill: {[p.summary() for p in peers]}"
                 await asyncio.sleep(0.02)
             app.proc.send_signal(signal.SIGKILL)
             app.proc.wait(30)
