@@ -24,9 +24,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from difflib import SequenceMatcher
 
-import numpy as np
-
-from ..audio import SAMPLE_RATE, quietest_frame
 from ..engines import policy
 from ..engines.base import Engine
 from ..engines.types import TranscribeOptions, Transcription
@@ -216,13 +213,6 @@ def sparse(speech: Span, result: Transcription, rate: float = MIN_WORDS_PER_S) -
     return 0 < words < rate * length and length >= SPARSE_SPEECH_S
 
 
-def quietest(audio: np.ndarray, start: float, end: float, frame_s: float = 0.02) -> float:
-    """The start, in seconds into `audio`, of its quietest `frame_s` between `start` and `end`."""
-    a = quietest_frame(audio, round(start * SAMPLE_RATE), round(end * SAMPLE_RATE),
-                       max(1, round(frame_s * SAMPLE_RATE)))
-    return a / SAMPLE_RATE
-
-
 def keeps(again: Transcription, first: Transcription) -> bool:
     """Whether a second decode of a lone segment stands for a first one that looked short by `GAP_S` but not by
     `LONE_GAP_S`: it was not rejected, says more, and says `KEPT_SHARE` of what the first
@@ -278,5 +268,5 @@ def uncovered(speech: Sequence[Span], covered: Sequence[Span], gap: float = GAP_
 __all__ = ["ADDS_WORDS", "EDGE_S", "GAP_S", "GAP_SHARE", "KEPT_SHARE", "LONE_GAP_S", "LONG_WORD_S", "MIN_SPEECH_S",
            "MIN_WORDS_PER_S", "REACH_S", "SPARSE_SPEECH_S", "SPLIT_S", "STRETCH_S", "UNTIMED_SPLIT_S",
            "UNTIMED_WORDS_PER_S", "Span", "adds", "bare_edge", "check_options", "checkable", "keeps", "longest_gap",
-           "piece_timing", "quietest", "redecode_options", "sparse", "stretched", "suspect", "timing", "unaccounted",
+           "piece_timing", "redecode_options", "sparse", "stretched", "suspect", "timing", "unaccounted",
            "uncovered", "window_options", "words_in"]

@@ -41,7 +41,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, iter_file
+from ..audio import SAMPLE_RATE, iter_file, quietest_frame
 from ..engines import Engine, TimedText, TranscribeOptions, Transcription, policy
 from ..engines import logprobs as lp
 from ..engines.types import Word
@@ -113,11 +113,12 @@ class Window(SegmentEnd):
 
     def halves(self) -> Window | None:
         """A lone segment's window as two segments, cut at the quietest moment of the middle half of its speech
-        (`coverage.quietest`); None for a window of several segments or over its context."""
+        (`audio.quietest_frame`); None for a window of several segments or over its context."""
         if self.context is not None or len(self.speech) != 1:
             return None
         (a, b), = self.speech
-        cut = coverage.quietest(self.audio, a + (b - a) / 4, b - (b - a) / 4)
+        cut = quietest_frame(self.audio, round((a + (b - a) / 4) * SAMPLE_RATE),
+                             round((b - (b - a) / 4) * SAMPLE_RATE)) / SAMPLE_RATE
         offset, at = self.parts[0]
         return Window(self.segment, self.start, self.end, self.audio, self.forced, self.audio_start,
                       ((offset, at), (cut, at + cut - offset)), speech=((a, cut), (cut, b)))
