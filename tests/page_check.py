@@ -294,7 +294,7 @@ def drop(context: BrowserContext, app: App, shots: Path) -> dict[str, Any]:
         page.wait_for_timeout(250)
     r["notice"] = page.inner_text("#rt-connection").strip()
     r["after"] = finals(page)
-    r["pc_states"] = page.evaluate("() => window.__pcs.map((pc) => pc.connectionState)")
+    r["connection"] = page.evaluate(CONNECTION_STATE)
     page.screenshot(path=str(shots / "page-dropped.png"))
     page.close()
     return r
