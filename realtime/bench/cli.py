@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     f.add_argument("--engines", default="", help="with --random: comma-separated engines also served by a launched "
                                                  "app: 'vllm' (its HTTP API's json on the vLLM engine), 'pool' (a "
                                                  "remote engine sending to a Ray Serve engine pool)")
+    f.add_argument("--jobs", type=int, default=1, help="with --random: how many pipelines transcribe a compilation "
+                                                      "side by side (above 1, no RTFx: each time holds the others')")
     f.add_argument("--model", help="tiny.en (default: the bundled one), base (multilingual, from its packages) or a "
                                    "CTranslate2 directory")
     f.add_argument("--compute-type", help="default: int8 for tiny.en, float32 for base")

@@ -19,12 +19,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..audio import SAMPLE_RATE, decode_file
 from .common import _machine, post_file, write_outputs
-from .corpus import LOST_RUN_WORDS, corpus_wer, lost_speech, random_compilation, read_manifest
+from .corpus import LOST_RUN_WORDS, Compilation, corpus_wer, lost_speech, random_compilation, read_manifest
 
 LONGEST_CLIP_S = 40.0
 """Clips up to this long are drawn (the manifest's long recordings are left to the long-form benchmarks)."""
@@ -118,28 +119,30 @@ def lost_anywhere(doc: dict[str, Any]) -> bool:
 
 
 def _document(rows: dict[str, dict[str, Any]], refs: list[str], seeds: list[int], seconds: float, manifest: Path,
-              model_name: str, compute_type: str) -> tuple[dict[str, Any], str]:
-    """The run's document and table over the compilations done so far (`seeds`)."""
+              model_name: str, compute_type: str, jobs: int = 1) -> tuple[dict[str, Any], str]:
+    """The run's document and table over the compilations done so far (`seeds`); no RTFx where pipelines ran side
+    by side (`jobs` > 1), as each one's time then holds the others'."""
     from .files import _percent
 
     results = []
     for r in rows.values():
-        results.append({"name": r["name"], "rtfx": round(seconds / max(r["wall_s"], 1e-9), 2),
+        results.append({"name": r["name"], "rtfx": round(seconds / max(r["wall_s"], 1e-9), 2) if jobs == 1 else None,
                         "wer": round(corpus_wer(refs, r["texts"]), 4),
                         "lost_runs": len(r["lost"]), "compilations_with_loss": len({x["seed"] for x in r["lost"]}),
                         "lost": r["lost"], "errors": r["errors"]})
     first, last = seeds[0], seeds[-1]
     doc = {"kind": "file-random", "seeds": [first, last], "compilations": len(seeds),
            "audio_seconds": round(seconds, 1), "model": model_name, "compute_type": compute_type,
-           "decoding": "greedy (beam 1), English", "machine": _machine(), "results": results}
+           "decoding": "greedy (beam 1), English", "machine": _machine(), "jobs": jobs, "results": results}
     table = (f"File transcription of {len(seeds)} random compilations of {manifest}'s clips (seeds {first} to "
              f"{last}, {seconds / 60:.0f} min in all), {model_name} {compute_type}, greedy, "
              f"{_machine()}. Lost: stretches of {LOST_RUN_WORDS} or more words that the pipeline writes for a clip "
-             "alone and leaves out of the compilation's answer.\n\n"
+             "alone and leaves out of the compilation's answer."
+             + (f" Pipelines ran {jobs} side by side: no RTFx." if jobs > 1 else "") + "\n\n"
              "| pipeline | lost stretches | compilations with a loss | errors | WER | RTFx |\n"
              "|---|---|---|---|---|---|\n"
              + "\n".join(f"| {r['name']} | {r['lost_runs']} | {r['compilations_with_loss']} | {len(r['errors'])} | "
-                         f"{_percent(r['wer'])} | {r['rtfx']} |" for r in results) + "\n")
+                         f"{_percent(r['wer'])} | {'–' if r['rtfx'] is None else r['rtfx']} |" for r in results) + "\n")
     return doc, table
 
 
@@ -155,15 +158,18 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     model_dir, model_name, compute_type, language = _bench_model(args.model, args.compute_type, out / "models")
     only = [o.strip().lower() for o in args.only.split(",")] if args.only else None
     pipelines = _pipelines(model_dir, compute_type, language, only)
+    lanes = [list(pipelines)]
     stops: list[Callable[[], None]] = []
     if args.served:
         served, stop = _served(out)
         pipelines.update(served)
+        lanes += [[name] for name in served]
         stops.append(stop)
     engines = [e.strip().lower() for e in (getattr(args, "engines", "") or "").split(",") if e.strip()]
     if engines:
         more, stop = _engines(engines, out)
         pipelines.update(more)
+        lanes += [[name] for name in more]
         stops.append(stop)
     first = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"random compilations: seeds {first} to {first + args.random - 1}", file=sys.stderr, flush=True)
@@ -173,14 +179,18 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     refs: list[str] = []
     seeds: list[int] = []
     seconds = 0.0
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+    jobs = max(1, getattr(args, "jobs", 1) or 1)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack, \
+            ThreadPoolExecutor(jobs) as side:
         for stop in stops:
             stack.callback(stop)
         for seed in range(first, first + args.random):
             comp = random_compilation(clips, Path(tmp) / f"compilation-{seed}.wav", seed)
             seconds += decode_file(comp.path).size / SAMPLE_RATE
             refs.append(comp.text)
-            for name, run in pipelines.items():
+
+            def one(name: str, run: Callable[[Path], str], comp: Compilation = comp, seed: int = seed) -> None:
                 for clip in comp.clips:
                     if clip.name not in alone[name]:
                         alone[name][clip.name] = run(clip.path)
@@ -195,13 +205,24 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
                 for run_ in lost_speech(comp, alone[name], answer):  # with the texts, to be read again
                     rows[name]["lost"].append({"seed": seed, "words": run_, "answer": answer,
                                                "alone": [alone[name][c.name] for c in comp.clips]})
+
+            def lane(names: list[str]) -> None:
+                for name in names:
+                    one(name, pipelines[name])
+
+            # each pipeline keeps to its own row and readings, so lanes may run side by side; the in-process
+            # pipelines share an engine and keep to one lane; the slowest lanes so far start first
+            lanes.sort(key=lambda names: -sum(rows[n]["wall_s"] for n in names))
+            for done in [side.submit(lane, names) for names in lanes]:
+                done.result()
             lost = {n: sum(x["seed"] == seed for x in r["lost"]) for n, r in rows.items()}
-            print(f"seed {seed} ({len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s): lost {lost}",
+            print(f"seed {seed} ({len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s, "
+                  f"{(time.monotonic() - began) / 60:.0f} min in): lost {lost}",
                   file=sys.stderr, flush=True)
             seeds.append(seed)  # the figures so far, kept on disk: a run stopped early still has them
-            doc, table = _document(rows, refs, seeds, seconds, manifest, model_name, compute_type)
+            doc, table = _document(rows, refs, seeds, seconds, manifest, model_name, compute_type, jobs)
             (out / "bench-file-random.json").write_text(json.dumps(doc, indent=2))
             (out / "bench-file-random.md").write_text(table)
-    doc, table = _document(rows, refs, seeds, seconds, manifest, model_name, compute_type)
+    doc, table = _document(rows, refs, seeds, seconds, manifest, model_name, compute_type, jobs)
     write_outputs(out, "file-random", doc, table, lambda p: None)
     return doc
