@@ -206,3 +206,16 @@ def test_bench_random_fails_when_any_path_of_the_app_lost_speech_but_not_for_fas
     assert lost_anywhere(doc(**{"realtime text (json, text)": 1}))
     assert not lost_anywhere(doc(**{"faster-whisper (sequential, VAD)": 18, "HTTP json": 0,
                                     "remote engine to another instance (json)": 0}))
+
+
+@pytest.mark.fast
+def test_bench_random_gives_no_rtfx_where_pipelines_ran_side_by_side(tmp_path):
+    """With `--jobs 2` each pipeline's time holds the other lane's work, so the table must not pass it off as RTFx."""
+    from realtime.bench.compilations import _document
+
+    rows = {"HTTP json": {"name": "HTTP json", "wall_s": 10.0, "lost": [], "texts": ["one two"], "errors": []}}
+    alone, _ = _document(rows, ["one two"], [7], 100.0, tmp_path / "m.tsv", "tiny.en", "int8")
+    side, table = _document(rows, ["one two"], [7], 100.0, tmp_path / "m.tsv", "tiny.en", "int8", jobs=2)
+    assert alone["results"][0]["rtfx"] == 10.0 and alone["jobs"] == 1
+    assert side["results"][0]["rtfx"] is None and side["jobs"] == 2
+    assert "| HTTP json | 0 | 0 | 0 | 0.0 % | – |" in table and "side by side" in table
