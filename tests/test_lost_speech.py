@@ -66,7 +66,8 @@ def test_random_compilations_lose_no_speech(engine, readings, tmp_path, record_p
 @pytest.mark.parametrize(("seed", "timed"), [(7102, False), (7161, False), (7313, False), (7334, True), (7415, False),
                                                (7644, False), (7653, False), (8230, False), (8303, False),
                                                (8622, False), (8622, True), (8848, False), (9517, False),
-                                               (20272, False), (21089, False)])
+                                               (20272, False), (21089, False), (22140, False),
+                                               (22173, True)])
 def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readings, tmp_path, seed, timed):
     """`bench file --random` seed 7102: two short clips with a pause the VAD did not cut at were one segment, and the
     window's decode stopped after the first, skipping "What joy there is in living?" inside a segment that looked
@@ -91,7 +92,10 @@ def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readi
     VAD did not hear, read "1-03" by the window's decode and "I really don't know how people talk like this" alone
     (realtime/live/transcribe.py, `_unheard`). Seed 21089 (the text paths): "So this is the sick corpus" of
     `mfa-cold_corpus`, whose "this is the" Silero heard only faintly up to the segment's start, dropped as its onset
-    (realtime/live/vad.py: an onset starts the segment's audio)."""
+    (realtime/live/vad.py: an onset starts the segment's audio). Seed 22140 (the text paths): that speaker 6 dB down,
+    whose "I have a cold" the VAD did not hear between two segments: 0.46 s of it fell between their padded audio and
+    was dropped from the window, the rest misread "I have to apply something" (`UNHEARD_S`); seed 22173 (the timed
+    paths), the same phrase read "I have also applied something" (`UNHEARD_S` too)."""
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], timed)[0]
     assert not lost_speech(comp, readings["timed" if timed else "text"], answer), answer

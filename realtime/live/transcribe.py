@@ -219,8 +219,9 @@ class _Packer:
 FRAME = SAMPLE_RATE // 10
 QUIET_DB = 10.0
 """Audio within this of a segment's level is loud."""
-UNHEARD_S = 0.5
-"""Loud audio this long beside a short segment, outside every segment, is speech the VAD did not hear."""
+UNHEARD_S = 0.3
+"""Loud audio this long beside a short segment, outside every segment, is speech the VAD did not hear (a few
+words fit in it)."""
 
 
 @dataclass(frozen=True)
