@@ -181,6 +181,26 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     seconds = 0.0
     jobs = max(1, getattr(args, "jobs", 1) or 1)
     began = time.monotonic()
+
+    def lane(names: list[str], comp: Compilation, seed: int) -> None:
+        """The compilation through the lane's pipelines in turn, each with its readings of the clips alone."""
+        for name in names:
+            run = pipelines[name]
+            for clip in comp.clips:
+                if clip.name not in alone[name]:
+                    alone[name][clip.name] = run(clip.path)
+            t0 = time.perf_counter()
+            try:
+                answer = run(comp.path)
+            except Exception as exc:  # an explicit error, not speech lost silently: counted apart
+                rows[name]["errors"].append({"seed": seed, "error": f"{type(exc).__name__}: {exc}"})
+                answer = ""
+            rows[name]["wall_s"] += time.perf_counter() - t0
+            rows[name]["texts"].append(answer)
+            for run_ in lost_speech(comp, alone[name], answer):  # with the texts, to be read again
+                rows[name]["lost"].append({"seed": seed, "words": run_, "answer": answer,
+                                           "alone": [alone[name][c.name] for c in comp.clips]})
+
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack, \
             ThreadPoolExecutor(jobs) as side:
         for stop in stops:
@@ -189,31 +209,10 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
             comp = random_compilation(clips, Path(tmp) / f"compilation-{seed}.wav", seed)
             seconds += decode_file(comp.path).size / SAMPLE_RATE
             refs.append(comp.text)
-
-            def one(name: str, run: Callable[[Path], str], comp: Compilation = comp, seed: int = seed) -> None:
-                for clip in comp.clips:
-                    if clip.name not in alone[name]:
-                        alone[name][clip.name] = run(clip.path)
-                t0 = time.perf_counter()
-                try:
-                    answer = run(comp.path)
-                except Exception as exc:  # an explicit error, not speech lost silently: counted apart
-                    rows[name]["errors"].append({"seed": seed, "error": f"{type(exc).__name__}: {exc}"})
-                    answer = ""
-                rows[name]["wall_s"] += time.perf_counter() - t0
-                rows[name]["texts"].append(answer)
-                for run_ in lost_speech(comp, alone[name], answer):  # with the texts, to be read again
-                    rows[name]["lost"].append({"seed": seed, "words": run_, "answer": answer,
-                                               "alone": [alone[name][c.name] for c in comp.clips]})
-
-            def lane(names: list[str]) -> None:
-                for name in names:
-                    one(name, pipelines[name])
-
             # each pipeline keeps to its own row and readings, so lanes may run side by side; the in-process
             # pipelines share an engine and keep to one lane; the slowest lanes so far start first
             lanes.sort(key=lambda names: -sum(rows[n]["wall_s"] for n in names))
-            for done in [side.submit(lane, names) for names in lanes]:
+            for done in [side.submit(lane, names, comp, seed) for names in lanes]:
                 done.result()
             lost = {n: sum(x["seed"] == seed for x in r["lost"]) for n, r in rows.items()}
             print(f"seed {seed} ({len(comp.clips)} clips, {comp.spans[-1][1]:.0f} s, "
