@@ -200,12 +200,55 @@ def test_bench_random_fails_when_any_path_of_the_app_lost_speech_but_not_for_fas
     from realtime.bench.compilations import lost_anywhere
 
     def doc(**lost: int) -> dict:
-        return {"results": [{"name": name, "lost_runs": n} for name, n in lost.items()]}
+        return {"results": [{"name": name, "lost_runs": n, "errors": []} for name, n in lost.items()]}
 
     assert lost_anywhere(doc(**{"faster-whisper (sequential, VAD)": 3, "HTTP json": 0, "HTTP verbose_json": 1}))
     assert lost_anywhere(doc(**{"realtime text (json, text)": 1}))
     assert not lost_anywhere(doc(**{"faster-whisper (sequential, VAD)": 18, "HTTP json": 0,
                                     "remote engine to another instance (json)": 0}))
+    refused = doc(**{"HTTP json": 0})
+    refused["results"][0]["errors"] = [{"seed": 22421, "error": "HTTPStatusError: 500"}]
+    assert lost_anywhere(refused), "an error is not speech lost silently, but the run has not shown nothing lost"
+
+
+@pytest.mark.fast
+def test_bench_requests_wait_out_the_apps_back_pressure_as_the_openai_sdk_does(tmp_path):
+    """With `--jobs 2` a served path's request may come while the other lane's remote engine holds all the app's
+    `--api-max-requests` (seed 22421 of a 200-compilation run): the app answers 503 with Retry-After, which a client
+    is to wait out, and the run must not count that compilation as lost."""
+    import http.server
+    import threading
+
+    from realtime.bench.common import post_file
+
+    seen: list[str] = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.path)
+            busy = len(seen) < 3
+            body = json.dumps({"error": {"message": "busy"}} if busy else {"text": "said"}).encode()
+            self.send_response(503 if busy else 200)
+            if busy:
+                self.send_header("Retry-After", "0")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(b"RIFF")
+    try:
+        assert post_file(server.server_address[1], clip, response_format="json").json() == {"text": "said"}
+    finally:
+        server.shutdown()
+    assert seen == ["/v1/audio/transcriptions"] * 3
 
 
 @pytest.mark.fast

@@ -113,9 +113,9 @@ def _engines(names: list[str], out: Path) -> tuple[dict[str, Callable[[Path], st
 
 
 def lost_anywhere(doc: dict[str, Any]) -> bool:
-    """Whether a run (`bench_random`'s document) lost speech in any pipeline of this app, in process or served
-    (faster-whisper's, beside them for comparison, does not count)."""
-    return any(r["lost_runs"] for r in doc["results"] if not r["name"].startswith("faster-whisper"))
+    """Whether a run (`bench_random`'s document) lost speech, or met an error, in any pipeline of this app, in process
+    or served (faster-whisper's, beside them for comparison, does not count)."""
+    return any(r["lost_runs"] or r.get("errors") for r in doc["results"] if not r["name"].startswith("faster-whisper"))
 
 
 def _document(rows: dict[str, dict[str, Any]], refs: list[str], seeds: list[int], seconds: float, manifest: Path,
@@ -192,9 +192,10 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             try:
                 answer = run(comp.path)
-            except Exception as exc:  # an explicit error, not speech lost silently: counted apart
+            except Exception as exc:  # an explicit error, not speech lost silently: counted apart, not as lost
                 rows[name]["errors"].append({"seed": seed, "error": f"{type(exc).__name__}: {exc}"})
-                answer = ""
+                rows[name]["texts"].append("")
+                continue
             rows[name]["wall_s"] += time.perf_counter() - t0
             rows[name]["texts"].append(answer)
             for run_ in lost_speech(comp, alone[name], answer):  # with the texts, to be read again

@@ -122,7 +122,7 @@ def parse_endpoint(raw: str) -> Endpoint:
     )
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after_s(value: str | None) -> float | None:
     """A Retry-After header's wait in seconds (a number of seconds or an HTTP date); None if absent or unreadable."""
     if not value:
         return None

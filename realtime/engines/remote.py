@@ -69,12 +69,12 @@ from .endpoints import (
     Endpoint,
     EndpointUnavailable,
     _error_message,
-    _retry_after,
     _Retryable,
     is_busy,
     parse_answer,
     parse_endpoint,
     read_sse,
+    retry_after_s,
 )
 from .types import APP_OWNER, CLIP_HEADER, LANE_HEADER
 
@@ -442,7 +442,7 @@ class RemoteEngine(EngineBase):
                         log.warning("%s refused verbose_json (%s): asking it for json from now on", ep.url, message)
                         raise _Retryable(message)
                     if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
-                        wait = _retry_after(r.headers.get("retry-after"))
+                        wait = retry_after_s(r.headers.get("retry-after"))
                         raise _Retryable(message, wait, busy=is_busy(r.status_code, wait))
                     if r.status_code in (401, 403):
                         raise EngineError(f"the endpoint {ep.url} refused the token ({message})")
@@ -543,7 +543,7 @@ class RemoteEngine(EngineBase):
                 detail = body.strip()[:200]
             message = f"{status} {detail}".strip()
             if status in RETRYABLE_STATUS or status >= 500:
-                retry_after = _retry_after(exc.response.headers.get("retry-after"))
+                retry_after = retry_after_s(exc.response.headers.get("retry-after"))
                 raise _Retryable(f"realtime handshake {message}", retry_after,
                                  busy=is_busy(status, retry_after)) from exc
             if status in (401, 403):
