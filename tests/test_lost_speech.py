@@ -67,7 +67,7 @@ def test_random_compilations_lose_no_speech(engine, readings, tmp_path, record_p
                                                (7644, False), (7653, False), (8230, False), (8303, False),
                                                (8622, False), (8622, True), (8848, False), (9517, False),
                                                (20272, False), (21089, False), (22140, False),
-                                               (22173, True)])
+                                               (22173, True), (22441, True)])
 def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readings, tmp_path, seed, timed):
     """`bench file --random` seed 7102: two short clips with a pause the VAD did not cut at were one segment, and the
     window's decode stopped after the first, skipping "What joy there is in living?" inside a segment that looked
@@ -95,7 +95,11 @@ def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readi
     (realtime/live/vad.py: an onset starts the segment's audio). Seed 22140 (the text paths): that speaker 6 dB down,
     whose "I have a cold" the VAD did not hear between two segments: 0.46 s of it fell between their padded audio and
     was dropped from the window, the rest misread "I have to apply something" (`UNHEARD_S`); seed 22173 (the timed
-    paths), the same phrase read "I have also applied something" (`UNHEARD_S` too)."""
+    paths), the same phrase read "I have also applied something" (`UNHEARD_S` too). Seed 22441 (the timed paths): a
+    window ending in that speaker, whose decode with Whisper's timestamp tokens was rejected as a guess; its nine
+    segments decoded alone read "So I place them a little bit different than the... stick for this. Um," for "So
+    this is the sick corpus. I have a cold, so I probably sound quite different" (`_untimed`: the window decoded
+    again as the text formats decode it, which passes, before its segments are decoded alone)."""
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], timed)[0]
     assert not lost_speech(comp, readings["timed" if timed else "text"], answer), answer

@@ -167,7 +167,12 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
         stops.append(stop)
     engines = [e.strip().lower() for e in (getattr(args, "engines", "") or "").split(",") if e.strip()]
     if engines:
-        more, stop = _engines(engines, out)
+        try:
+            more, stop = _engines(engines, out)
+        except BaseException:  # the apps already launched go too (a missing vLLM environment)
+            for stop in stops:
+                stop()
+            raise
         pipelines.update(more)
         lanes += [[name] for name in more]
         stops.append(stop)

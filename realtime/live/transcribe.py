@@ -637,6 +637,10 @@ async def _check_window(worker: Worker, name: str, window: Window, result: Trans
     spans = coverage.timing(result)
     speech = window.heard_speech
     rejected = policy.rejected(result) and not policy.cut_at_loop(result)
+    if rejected and len(speech) > 1 and options.timestamps and options.word_timestamps:
+        untimed = await _untimed(worker, name, window, options, asked, again)
+        if untimed is not None:
+            return untimed
     checked = bool(spans) and not rejected and len(speech) > 1  # the answers are checked in turn
     loose = False  # a lone segment short by GAP_S only: its second answer must keep the first
     if spans is None or rejected:
@@ -687,6 +691,26 @@ async def _check_window(worker: Worker, name: str, window: Window, result: Trans
         if isinstance(answer, Transcription) and coverage.adds(answer, _said_in(window, result, i - 1, i + 2)):
             redone[(i, i + 1)] = answer
     return _splice(window, result, redone) if redone else result
+
+
+async def _untimed(worker: Worker, name: str, window: Window, options: TranscribeOptions, asked: TranscribeOptions,
+                   again: bool) -> Transcription | None:
+    """A packed window whose decode with Whisper's timestamp tokens was rejected, decoded again without them, as the
+    text formats decode it (its words timed by alignment), and checked as any window; None where that decode is
+    rejected too, or fails. The timestamp tokens cost Whisper its confidence on a voice it barely knows (a cold in a
+    noisy room), and the segments decoded alone lose the sentences around them that its reading leans on. Its
+    pieces are its segments' words."""
+    plain = replace(options, timestamps=False)
+    try:
+        answer = await worker.submit(Job(name, window.segment, window.heard, _lane(asked), plain))
+    except Exception:
+        return None
+    if policy.rejected(answer) and not policy.cut_at_loop(answer):
+        return None
+    checked = await _check_window(worker, name, window, answer, plain, asked, again)
+    if isinstance(checked, BaseException) or not checked.words:
+        return None
+    return _splice(window, checked, {})
 
 
 def _unheard(window: Window, result: Transcription, missing: list[int]) -> list[int]:
