@@ -699,7 +699,7 @@ async def _untimed(worker: Worker, name: str, window: Window, options: Transcrib
     text formats decode it (its words timed by alignment), and checked as any window; None where that decode is
     rejected too, or fails. The timestamp tokens cost Whisper its confidence on a voice it barely knows (a cold in a
     noisy room), and the segments decoded alone lose the sentences around them that its reading leans on. Its
-    pieces are its segments' words."""
+    pieces are its segments' words, and the answers spliced in by the check as they came."""
     plain = replace(options, timestamps=False)
     try:
         answer = await worker.submit(Job(name, window.segment, window.heard, _lane(asked), plain))
@@ -708,9 +708,11 @@ async def _untimed(worker: Worker, name: str, window: Window, options: Transcrib
     if policy.rejected(answer) and not policy.cut_at_loop(answer):
         return None
     checked = await _check_window(worker, name, window, answer, plain, asked, again)
-    if isinstance(checked, BaseException) or not checked.words:
+    if isinstance(checked, BaseException):
         return None
-    return _splice(window, checked, {})
+    if checked.words and all(p.words for p in checked.segments if p.text.strip()):
+        return _splice(window, checked, {})  # one piece over the window: its segments' words
+    return checked  # spliced already, one piece a segment (an answer decoded alone may have no words)
 
 
 def _unheard(window: Window, result: Transcription, missing: list[int]) -> list[int]:
