@@ -216,39 +216,20 @@ def test_bench_requests_wait_out_the_apps_back_pressure_as_the_openai_sdk_does(t
     """With `--jobs 2` a served path's request may come while the other lane's remote engine holds all the app's
     `--api-max-requests` (seed 22421 of a 200-compilation run): the app answers 503 with Retry-After, which a client
     is to wait out, and the run must not count that compilation as lost."""
-    import http.server
-    import threading
+    from endpoints import FakeEndpoint, segment_audio
 
+    from realtime.audio import wav_bytes
     from realtime.bench.common import post_file
 
-    seen: list[str] = []
-
-    class Busy(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            seen.append(self.path)
-            busy = len(seen) < 3
-            body = json.dumps({"error": {"message": "busy"}} if busy else {"text": "said"}).encode()
-            self.send_response(503 if busy else 200)
-            if busy:
-                self.send_header("Retry-After", "0")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = FakeEndpoint()
+    endpoint.script.extend(["busy:0", "busy:0", "ok"])
     clip = tmp_path / "clip.wav"
-    clip.write_bytes(b"RIFF")
+    clip.write_bytes(wav_bytes(segment_audio(7)))
     try:
-        assert post_file(server.server_address[1], clip, response_format="json").json() == {"text": "said"}
+        assert post_file(endpoint.port, clip, response_format="json").json() == {"text": "segment 7"}
     finally:
-        server.shutdown()
-    assert seen == ["/v1/audio/transcriptions"] * 3
+        endpoint.close()
+    assert [e["behaviour"] for e in endpoint.requests()] == ["busy:0", "busy:0", "ok"]
 
 
 @pytest.mark.fast

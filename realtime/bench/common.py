@@ -88,9 +88,10 @@ def post_file(at: int, path: Path, **fields: str) -> Any:
 
     from ..engines.endpoints import is_busy, retry_after_s
 
+    audio = path.read_bytes()
     for tries in range(1, BUSY_TRIES + 1):
         r = httpx.post(f"http://127.0.0.1:{at}/v1/audio/transcriptions", data=fields, timeout=900,
-                       files={"file": (path.name, path.read_bytes(), "application/octet-stream")})
+                       files={"file": (path.name, audio, "application/octet-stream")})
         wait = retry_after_s(r.headers.get("retry-after"))
         if tries == BUSY_TRIES or not is_busy(r.status_code, wait):
             break

@@ -159,23 +159,22 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
     only = [o.strip().lower() for o in args.only.split(",")] if args.only else None
     pipelines = _pipelines(model_dir, compute_type, language, only)
     lanes = [list(pipelines)]
-    stops: list[Callable[[], None]] = []
-    if args.served:
-        served, stop = _served(out)
-        pipelines.update(served)
-        lanes += [[name] for name in served]
-        stops.append(stop)
+    launched = contextlib.ExitStack()  # the apps and the pool, stopped on the way out or when a later launch fails
     engines = [e.strip().lower() for e in (getattr(args, "engines", "") or "").split(",") if e.strip()]
-    if engines:
-        try:
+    try:
+        if args.served:
+            served, stop = _served(out)
+            launched.callback(stop)
+            pipelines.update(served)
+            lanes += [[name] for name in served]
+        if engines:
             more, stop = _engines(engines, out)
-        except BaseException:  # the apps already launched go too (a missing vLLM environment)
-            for stop in stops:
-                stop()
-            raise
-        pipelines.update(more)
-        lanes += [[name] for name in more]
-        stops.append(stop)
+            launched.callback(stop)
+            pipelines.update(more)
+            lanes += [[name] for name in more]
+    except BaseException:
+        launched.close()
+        raise
     first = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"random compilations: seeds {first} to {first + args.random - 1}", file=sys.stderr, flush=True)
     alone: dict[str, dict[str, str]] = {name: {} for name in pipelines}
@@ -207,10 +206,7 @@ def bench_random(args: argparse.Namespace) -> dict[str, Any]:
                 rows[name]["lost"].append({"seed": seed, "words": run_, "answer": answer,
                                            "alone": [alone[name][c.name] for c in comp.clips]})
 
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack, \
-            ThreadPoolExecutor(jobs) as side:
-        for stop in stops:
-            stack.callback(stop)
+    with tempfile.TemporaryDirectory() as tmp, launched, ThreadPoolExecutor(jobs) as side:
         for seed in range(first, first + args.random):
             comp = random_compilation(clips, Path(tmp) / f"compilation-{seed}.wav", seed)
             seconds += decode_file(comp.path).size / SAMPLE_RATE
