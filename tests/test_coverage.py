@@ -58,10 +58,31 @@ def test_the_neighbours_of_an_uncovered_segment_with_words_over_it_are_suspect()
     missing = coverage.uncovered(speech, said)
     assert missing == [1]
     assert coverage.suspect(speech, said, missing) == [0, 1, 2]
-    assert coverage.suspect(speech, said[:2] + said[4:], [1]) == [1], "no words over it: a clean skip"
+    assert coverage.suspect(speech, said[:2] + said[4:], [1]) == [1, 2], "no words over it: where the decode landed"
     brief = [(0.5, 0.6), (1.5, 4.0)]  # a falsetto phrase of which the VAD heard a tenth of a second
     assert coverage.uncovered(brief, said[:2]) == [1]
     assert coverage.suspect(brief, said[:2], [1]) == [0, 1] and coverage.suspect(brief, [(0.5, 0.6)], []) == []
+
+
+def test_the_segment_after_a_skipped_one_is_suspect_where_the_decode_landed():
+    """Seed 22623 of `bench file --random` (the text paths): a window's decode skipped "I'm Abigail Claflin" (a segment
+    of its own) and "You can call me Abbie", 0.1 s before the next clip and one segment with it; alignment stretched
+    that clip's "The invention" over the skipped phrase (a 1.5 s "invention"), so the next segment looked covered and
+    only the skipped one went back. A decode that skipped a segment jumped; where it landed is not known, and the
+    segment after it goes back with it."""
+    speech = [(0.2, 5.67), (6.07, 7.54), (7.94, 12.39), (12.79, 14.23), (14.63, 24.04)]
+    said = [(0.0, 0.32), (0.32, 0.54), (0.54, 0.8), (0.8, 1.2), (1.2, 1.38), (1.38, 1.9), (1.9, 2.34), (2.56, 2.66),
+            (2.66, 2.9), (2.9, 3.12), (3.12, 3.32), (3.32, 3.7), (3.7, 4.0), (4.0, 4.28), (4.28, 4.72), (4.72, 5.04),
+            (5.04, 5.22), (5.22, 5.7), (6.08, 6.46), (6.46, 6.88), (6.88, 7.14), (7.14, 7.58), (8.02, 8.08),
+            (8.08, 8.34), (8.34, 8.9), (8.9, 8.9), (8.9, 9.28), (9.28, 9.64), (9.64, 9.84), (9.84, 10.06),
+            (10.46, 10.54), (10.54, 10.68), (10.68, 10.94), (10.94, 11.28), (11.28, 11.5), (11.5, 11.7),
+            (11.7, 11.88), (11.88, 12.1), (12.1, 12.36), (14.94, 15.06), (15.06, 16.52), (16.52, 16.86),
+            (16.86, 17.28), (17.28, 17.64), (17.64, 18.0), (18.0, 18.34), (18.34, 18.38), (18.38, 18.56),
+            (18.56, 18.78), (18.78, 18.96), (18.96, 19.6), (19.6, 19.86), (19.86, 20.5), (20.5, 21.0), (21.0, 21.32),
+            (21.32, 21.58), (21.58, 22.26), (22.26, 22.52), (22.52, 22.82), (22.82, 23.12), (23.12, 23.26),
+            (23.26, 23.38), (23.38, 23.6), (23.6, 23.9)]
+    assert coverage.uncovered(speech, said) == [3]
+    assert coverage.unaccounted(speech, said, words=True) == [3, 4]
 
 
 def test_a_word_across_two_segments_was_stretched_over_speech_the_decode_skipped():
@@ -239,19 +260,22 @@ def account(engine: Scripted, w: Window, first: Transcription, asked: Transcribe
     return result
 
 
-def test_a_skipped_segment_is_decoded_alone_and_its_text_takes_its_place():
+def test_a_skipped_segment_is_decoded_again_with_the_next_and_their_text_takes_their_place():
     w = window([3.0, 4.0, 3.0])
     said = "One two three. Seven eight nine."
     skipped = Transcription(said, duration=10.0, segments=(TimedText(0.0, 10.0, said, (
         *words((0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three.")),
         *words((7.3, 8.0, "Seven"), (8.1, 8.8, "eight"), (8.9, 9.7, "nine."))),),))
-    alone = Transcription("Four, five and six.", duration=4.0, segments=(TimedText(0.2, 3.8, "Four, five and six."),))
-    engine = Scripted({w.part_audio(1).size: alone})
+    read = "Four, five and six. Seven eight nine."
+    again = Transcription(read, duration=7.0, segments=(TimedText(0.0, 7.0, read, words(
+        (0.3, 1.0, "Four,"), (1.1, 1.8, "five"), (1.9, 2.4, "and"), (2.5, 3.6, "six."),
+        (4.3, 5.0, "Seven"), (5.1, 5.8, "eight"), (5.9, 6.7, "nine."))),))
+    engine = Scripted({w.sub(1, 3).audio.size: again})
     text = TranscribeOptions()
     got = account(engine, w, skipped, text)
-    assert got.text == "One two three. Four, five and six. Seven eight nine." and got.extra["redecoded"] == [1]
-    assert [(size, o.timestamps, o.word_timestamps) for size, o in engine.asked] == [(4 * SAMPLE_RATE, False, True)], \
-        "decoded alone as the window was, so that its answer is checked in turn"
+    assert got.text == "One two three. Four, five and six. Seven eight nine." and got.extra["redecoded"] == [1, 2]
+    assert [(size, o.timestamps, o.word_timestamps) for size, o in engine.asked] == [(7 * SAMPLE_RATE, False, True)], \
+        "decoded as the window was, so that its answer is checked in turn"
     assert got.segments == (TimedText(0.0, 10.0, got.text),), "text formats get no words they did not ask for"
 
 
@@ -259,13 +283,14 @@ def test_timed_pieces_over_an_uncovered_segment_are_replaced_by_its_own():
     w = window([3.0, 4.0, 3.0])
     first = Transcription("One two three. Seven eight nine.", duration=10.0,
                           segments=(TimedText(0.1, 2.9, "One two three."), TimedText(7.1, 9.9, "Seven eight nine.")))
-    alone = Transcription("Four five six.", duration=4.0, segments=(TimedText(0.3, 3.7, "Four five six."),))
-    engine = Scripted({w.part_audio(1).size: alone}, words=False)
+    again = Transcription("Four, five and six. Seven eight nine.", duration=7.0, segments=(
+        TimedText(0.3, 3.7, "Four, five and six."), TimedText(4.1, 6.9, "Seven eight nine.")))
+    engine = Scripted({w.sub(1, 3).audio.size: again}, words=False)
     got = account(engine, w, first, TranscribeOptions(timestamps=True))
     assert [(p.start, p.end, p.text) for p in got.segments] == [
-        (0.1, 2.9, "One two three."), (pytest.approx(3.3), pytest.approx(6.7), "Four five six."),
-        (7.1, 9.9, "Seven eight nine.")]
-    assert got.text == "One two three. Four five six. Seven eight nine."
+        (0.1, 2.9, "One two three."), (pytest.approx(3.3), pytest.approx(6.7), "Four, five and six."),
+        (pytest.approx(7.1), pytest.approx(9.9), "Seven eight nine.")]
+    assert got.text == "One two three. Four, five and six. Seven eight nine."
 
 
 def test_timed_pieces_with_words_are_checked_by_both():
@@ -437,17 +462,18 @@ def test_a_covered_window_is_not_decoded_again():
 
 def test_segments_skipped_together_are_decoded_together_and_checked_again():
     """A decode that ended after the first sentence: the three segments after it go back as one window (their
-    sentences keep each other's context), and the one that window's answer skips in turn is decoded alone."""
+    sentences keep each other's context), and the last one, which that window's answer skips in turn, is decoded
+    alone."""
     w = window([3.0, 3.0, 3.0, 3.0])
     first = Transcription("One two three.", duration=12.0, segments=(TimedText(0.0, 12.0, "One two three.", words(
         (0.3, 1.0, "One"), (1.1, 1.8, "two"), (1.9, 2.7, "three."))),))
     rest = w.sub(1, 4)
     assert rest.audio.size == 9 * SAMPLE_RATE and rest.speech[0] == pytest.approx((0.2, 2.8))
-    again = Transcription("Four five six. Ten eleven twelve.", duration=9.0, segments=(TimedText(
-        0.0, 9.0, "Four five six. Ten eleven twelve.", words(
+    again = Transcription("Four five six. Seven eight nine.", duration=9.0, segments=(TimedText(
+        0.0, 9.0, "Four five six. Seven eight nine.", words(
             (0.3, 1.0, "Four"), (1.1, 1.8, "five"), (1.9, 2.7, "six."),
-            (6.3, 7.0, "Ten"), (7.1, 7.8, "eleven"), (7.9, 8.7, "twelve."))),))
-    alone = Transcription("Seven eight nine.", duration=3.0, segments=(TimedText(0.2, 2.8, "Seven eight nine."),))
+            (3.3, 4.0, "Seven"), (4.1, 4.8, "eight"), (4.9, 5.7, "nine."))),))
+    alone = Transcription("Ten eleven twelve.", duration=3.0, segments=(TimedText(0.2, 2.8, "Ten eleven twelve."),))
     engine = Scripted({9 * SAMPLE_RATE: again, 3 * SAMPLE_RATE: alone})
     got = account(engine, w, first, TranscribeOptions())
     assert got.text == "One two three. Four five six. Seven eight nine. Ten eleven twelve."

@@ -150,13 +150,15 @@ def words_in(span: Span, covered: Sequence[Span], reach: float = REACH_S) -> int
 
 def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[int], words: bool = False,
             brief: bool = True) -> list[int]:
-    """`missing` (uncovered segments of a packed window) with the neighbours of each one that holds words, the
-    neighbours whose speech has no text over its last (before) or first (after) `EDGE_S` seconds, and (with `brief`)
-    the segments too brief to be judged by their speech that got no word (`covered` are words' own times where
-    `words`: one that overlaps the speech counts; else a word's middle in it). Words over a segment that is not
-    covered were stretched there from a sentence beside it, and the decode may have skipped that sentence's first or
-    last words too; a decode that stopped early may have stopped inside the segment before, a sentence short of its
-    end (two sentences with a pause the VAD did not cut at); the VAD may hear a fraction of a second of a voice it
+    """`missing` (uncovered segments of a packed window) with the segment after each one, the segment before each one
+    that holds words or whose speech has no text over its last `EDGE_S` seconds, and (with `brief`) the segments too
+    brief to be judged by their speech that got no word (`covered` are words' own times where `words`: one that
+    overlaps the speech counts; else a word's middle in it). A decode that skipped a segment jumped ahead and may
+    have landed inside the next one, a phrase into it (two phrases with a pause the VAD did not cut at), with the
+    first words it read there aligned over the phrase it skipped; words over a segment that is not covered were
+    stretched there from a sentence beside it, and the decode may have skipped that sentence's first or last words
+    too; a decode that stopped early may have stopped inside the segment before, a sentence short of its end; the
+    VAD may hear a fraction of a second of a voice it
     does not know (a falsetto) whose phrase is in the audio around it, or a few hundredths of a second of each word
     of a speaker with a cold, whose aligned words lie over those hundredths without their middles in them. And the
     first segment with words after a start of the window that has none: Whisper reads a window from its start, and
@@ -173,12 +175,10 @@ def suspect(speech: Sequence[Span], covered: Sequence[Span], missing: Sequence[i
             0 in missing):
         out.add(worded)
     for i in missing:
-        if words_in(speech[i], covered):
-            out |= {j for j in (i - 1, i + 1) if 0 <= j < len(speech)}
-        if i > 0 and bare_edge(speech[i - 1], covered, at_end=True):
-            out.add(i - 1)
-        if i + 1 < len(speech) and bare_edge(speech[i + 1], covered, at_end=False):
+        if i + 1 < len(speech):
             out.add(i + 1)
+        if i > 0 and (words_in(speech[i], covered) or bare_edge(speech[i - 1], covered, at_end=True)):
+            out.add(i - 1)
     return sorted(out)
 
 
