@@ -17,6 +17,7 @@ import time
 import pytest
 
 from realtime.bench.corpus import lost_runs, lost_speech, random_compilation
+from realtime.engines.embedded import EmbeddedEngine
 
 from real_speech import clips, script_compilation, transcribe_clips
 
@@ -110,6 +111,29 @@ def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readi
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], timed)[0]
     assert not lost_speech(comp, readings["timed" if timed else "text"], answer), answer
+
+
+class Untimed(EmbeddedEngine):
+    """The embedded engine as an engine that gives no times (vLLM's): its file windows hold one segment each."""
+
+    timestamps = False
+    word_timestamps = False
+
+
+@pytest.mark.xdist_group("lost-speech")
+def test_an_engine_without_times_loses_no_speech_between_its_windows(tmp_path):
+    """Seed 22441 of `bench file --random` (the vLLM engine): "So this is the sick corpus", said 13 dB below the
+    sentences on either side, of which Silero heard nothing, lay between "Has never been surpassed.", a short segment
+    whose context read that sentence alone, and "I have a cold", whose context reached back 1 s. The short segment
+    before held back 4 s of audio after it (for speech the VAD did not hear beside it, which a window of one segment
+    never uses) and decoded 2 s: the phrase was in no window (realtime/live/transcribe.py, `LONE_BEFORE_S`)."""
+    engine = Untimed()
+    engine.load()
+    comp = random_compilation(clips(longest=40), tmp_path / "bench-22441.wav", 22441)
+    alone = dict(zip((c.name for c in comp.clips), transcribe_clips(engine, [c.path for c in comp.clips], False),
+                     strict=True))
+    answer = transcribe_clips(engine, [comp.path], False)[0]
+    assert not lost_speech(comp, alone, answer), answer
 
 
 @pytest.mark.xdist_group("lost-speech")

@@ -20,8 +20,10 @@ around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a n
 second of a falsetto, creaky or quick voice, too little for Whisper, where the recording around it holds the rest of the
 phrase (faster-whisper's VAD, which waits 2 s of silence before it ends a span, gives it that much). A short segment
 packed with others gets that audio as its part of the window only where the recording beside it stays loud (`QUIET_DB`)
-for `UNHEARD_S` or more, up to `UNHEARD_AFTER_S` after it: speech the VAD did not hear. Live sessions cannot wait for
-the audio after a segment, so this is for files.
+for `UNHEARD_S` or more, up to `UNHEARD_AFTER_S` after it: speech the VAD did not hear. Where windows hold one segment
+each (an engine that gives no times to check a packed window by), nothing else decodes the audio between segments: a
+short segment's context reaches `LONE_BEFORE_S` back, and holds back from the next no more than it decodes. Live
+sessions cannot wait for the audio after a segment, so this is for files.
 Used by `python -m realtime transcribe` and by the HTTP API (realtime/web/api.py).
 """
 
@@ -55,6 +57,8 @@ _DONE = object()
 CONTEXT_BEFORE_S = 1.0
 CONTEXT_AFTER_S = 2.0
 UNHEARD_AFTER_S = 4.0
+LONE_BEFORE_S = 4.0
+"""How far back a short segment's context reaches where windows hold one segment each."""
 CONTEXT_SPEECH_S = 2.0
 """A lone segment with less speech than this is decoded with the audio around it."""
 READ_AHEAD_BATCHES = 2
@@ -229,7 +233,8 @@ class _Context:
     """The recording around a short segment: (audio, stream time of its first sample)."""
 
     around: tuple[np.ndarray, float]
-    """`CONTEXT_BEFORE_S` before, `CONTEXT_AFTER_S` after: what a lone short segment is decoded with."""
+    """`CONTEXT_BEFORE_S` before (`LONE_BEFORE_S` where windows hold one segment), `CONTEXT_AFTER_S` after: what a
+    lone short segment is decoded with."""
     unheard: tuple[np.ndarray, float] | None
     """The segment's audio with the loud audio beside it, where that is `UNHEARD_S` more than its own, else None."""
 
@@ -256,8 +261,10 @@ class _Surroundings:
     """The recent audio of a file, and the segments waiting for the audio after them (`UNHEARD_AFTER_S`) before
     they go on, in order, each short one with its context."""
 
-    def __init__(self, vad: VADConfig) -> None:
-        self.keep = int((vad.max_segment_s + CONTEXT_BEFORE_S + 2.0) * SAMPLE_RATE)
+    def __init__(self, vad: VADConfig, lone: bool = False) -> None:
+        self.before = round((LONE_BEFORE_S if lone else CONTEXT_BEFORE_S) * SAMPLE_RATE)
+        self.keep = round((vad.max_segment_s + 2.0) * SAMPLE_RATE) + self.before
+        self.after = round((CONTEXT_AFTER_S if lone else UNHEARD_AFTER_S) * SAMPLE_RATE)  # what a short one holds
         self.audio = np.zeros(0, np.float32)
         self.origin = 0  # stream sample index of audio[0]
         self.waiting: deque[tuple[SegmentEnd, int, int]] = deque()  # end, its context's first and last sample
@@ -281,8 +288,8 @@ class _Surroundings:
                 first = round(event.audio_start * SAMPLE_RATE)
                 last = first + event.audio.size
                 short = event.end - event.start < CONTEXT_SPEECH_S
-                a = min(first, max(self.last_end, self.origin, first - round(CONTEXT_BEFORE_S * SAMPLE_RATE)))
-                self.waiting.append((event, a, last + round(UNHEARD_AFTER_S * SAMPLE_RATE) if short else -1))
+                a = min(first, max(self.last_end, self.origin, first - self.before))
+                self.waiting.append((event, a, last + self.after if short else -1))
                 self.last_end = max(self.last_end, last)
 
     def ready(self, flush: bool = False, hold: int | None = None) -> list[tuple[SegmentEnd, _Context | None]]:
@@ -385,7 +392,7 @@ class SegmentStream:
         try:
             segmenter = Segmenter(self.vad, faint=True)
             packer = _Packer(self.window_s, self.max_parts) if self.window_s else None
-            around = _Surroundings(segmenter.config) if packer else None
+            around = _Surroundings(segmenter.config, lone=self.max_parts == 1) if packer else None
 
             def put(events: list[VADEvent], flush: bool = False) -> bool:
                 if packer is None or around is None:
