@@ -258,10 +258,12 @@ def _sounding(audio: np.ndarray, first: int, stop: int, segment: np.ndarray) -> 
 
 
 class _Surroundings:
-    """The recent audio of a file, and the segments waiting for the audio after them (`UNHEARD_AFTER_S`) before
-    they go on, in order, each short one with its context."""
+    """The recent audio of a file, and the segments waiting for the audio after them (`UNHEARD_AFTER_S`, or
+    `CONTEXT_AFTER_S` where windows hold one segment: `lone`) before they go on, in order, each short one with its
+    context."""
 
     def __init__(self, vad: VADConfig, lone: bool = False) -> None:
+        self.lone = lone
         self.before = round((LONE_BEFORE_S if lone else CONTEXT_BEFORE_S) * SAMPLE_RATE)
         self.keep = round((vad.max_segment_s + 2.0) * SAMPLE_RATE) + self.before
         self.after = round((CONTEXT_AFTER_S if lone else UNHEARD_AFTER_S) * SAMPLE_RATE)  # what a short one holds
@@ -304,11 +306,12 @@ class _Surroundings:
                 audio = self.audio[a - self.origin:min(b, self.read_to) - self.origin]
                 first = round(end.audio_start * SAMPLE_RATE) - a
                 stop = first + end.audio.size
-                lo, hi = _sounding(audio, first, stop, end.audio)
                 around = (audio[:stop + round(CONTEXT_AFTER_S * SAMPLE_RATE)].copy(), a / SAMPLE_RATE)
-                unheard = ((audio[lo:hi].copy(), (a + lo) / SAMPLE_RATE)
-                           if lo <= first and hi >= stop and hi - lo >= end.audio.size + UNHEARD_S * SAMPLE_RATE
-                           else None)
+                unheard = None
+                if not self.lone:  # only a window of several segments takes it
+                    lo, hi = _sounding(audio, first, stop, end.audio)
+                    if lo <= first and hi >= stop and hi - lo >= end.audio.size + UNHEARD_S * SAMPLE_RATE:
+                        unheard = (audio[lo:hi].copy(), (a + lo) / SAMPLE_RATE)
                 context = _Context(around, unheard)
             out.append((end, context))
         floor = min([self.read_to - self.keep, *(a for _, a, _ in self.waiting)])
