@@ -14,7 +14,7 @@ from realtime.audio import SAMPLE_RATE
 from realtime.engines import EngineBase, TimedText, TranscribeOptions, Transcription
 from realtime.engines.types import Word
 from realtime.live import coverage
-from realtime.live.transcribe import Window, _account
+from realtime.live.transcribe import Window, _account, decode_options
 from realtime.live.worker import Worker
 
 pytestmark = pytest.mark.fast
@@ -251,7 +251,8 @@ def account(engine: Scripted, w: Window, first: Transcription, asked: Transcribe
         worker = Worker(engine, batch_size=4)
         worker.start()
         try:
-            return await _account(worker, "f", w, first, coverage.check_options(engine, asked), asked)
+            decode = decode_options(engine, asked)
+            return await _account(worker, "f", w, first, coverage.check_options(engine, decode), decode, asked)
         finally:
             await worker.stop()
 
@@ -277,6 +278,34 @@ def test_a_skipped_segment_is_decoded_again_with_the_next_and_their_text_takes_t
     assert [(size, o.timestamps, o.word_timestamps) for size, o in engine.asked] == [(7 * SAMPLE_RATE, False, True)], \
         "decoded as the window was, so that its answer is checked in turn"
     assert got.segments == (TimedText(0.0, 10.0, got.text),), "text formats get no words they did not ask for"
+
+
+def test_formats_with_times_are_decoded_as_text_and_cut_into_pieces_at_sentences_and_pauses():
+    """Seed 23018 of `bench file --random` (the timed paths and the remote engines): decoded with Whisper's timestamp
+    tokens, the speaker with a cold's "I have a cold, so I probably sound quite different" was read "I have also
+    applied something", as many words over the same speech (no gap for the coverage check), where the text formats'
+    decode read it right. Where the engine aligns words, formats with times are decoded as the text formats are, and
+    their pieces cut from the words: at sentence ends (not after "Mr."), at pauses, at the silence between packed
+    segments."""
+    w = window([3.0, 4.0, 3.0])
+    said = "Mr. Smith came. He sat and then he left for good. Bye! Now go"
+    first = Transcription(said, duration=10.0, segments=(TimedText(0.0, 10.0, said, words(
+        (0.3, 0.6, "Mr."), (0.7, 1.0, "Smith"), (1.1, 1.6, "came."), (1.8, 2.0, "He"), (2.1, 2.5, "sat"),
+        (3.3, 3.6, "and"), (3.7, 4.0, "then"), (4.1, 4.3, "he"), (4.4, 4.8, "left"), (5.8, 6.0, "for"),
+        (6.1, 6.7, "good."), (7.3, 7.8, "Bye!"), (8.0, 8.4, "Now"), (8.5, 9.0, "go"))),))
+    engine = Scripted({w.audio.size: first})
+    asked = TranscribeOptions(timestamps=True)
+    decode = decode_options(engine, asked)
+    assert (decode.timestamps, decode.word_timestamps) == (False, True)
+    got = account(engine, w, first, asked)
+    assert [p.text for p in got.segments] == ["Mr. Smith came.", "He sat", "and then he left", "for good.", "Bye!",
+                                              "Now go"]
+    assert [(p.start, p.end) for p in got.segments] == [(0.3, 1.6), (1.8, 2.5), (3.3, 4.8), (5.8, 6.7), (7.3, 7.8),
+                                                        (8.0, 9.0)]
+    assert not any(p.words for p in got.segments), "no word times that were not asked for"
+    assert engine.asked == [], "nothing decoded again"
+    pieces = Scripted({}, words=False)
+    assert decode_options(pieces, asked) is asked, "an engine without word times decodes with timestamp tokens"
 
 
 def test_timed_pieces_over_an_uncovered_segment_are_replaced_by_its_own():

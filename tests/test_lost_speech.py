@@ -69,7 +69,7 @@ def test_random_compilations_lose_no_speech(engine, readings, tmp_path, record_p
                                                (8622, False), (8622, True), (8848, False), (9517, False),
                                                (20272, False), (21089, False), (22140, False),
                                                (22173, True), (22441, True),
-                                               (22616, True), (22623, False)])
+                                               (22616, True), (22623, False), (23018, True)])
 def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readings, tmp_path, seed, timed):
     """`bench file --random` seed 7102: two short clips with a pause the VAD did not cut at were one segment, and the
     window's decode stopped after the first, skipping "What joy there is in living?" inside a segment that looked
@@ -100,14 +100,16 @@ def test_the_benchmark_compilations_that_lost_a_sentence_lose_none(engine, readi
     paths), the same phrase read "I have also applied something" (`UNHEARD_S` too). Seed 22441 (the timed paths): a
     window ending in that speaker, whose decode with Whisper's timestamp tokens was rejected as a guess; its nine
     segments decoded alone read "So I place them a little bit different than the... stick for this. Um," for "So
-    this is the sick corpus. I have a cold, so I probably sound quite different" (`_untimed`: the window decoded
-    again as the text formats decode it, which passes, before its segments are decoded alone). Seed 22616 (the timed
-    paths, with that change): a window decoded so, whose check decoded the digits clip's segments alone, without
-    word times; the window's segments made again from its words dropped "90210 01803" (`_untimed` keeps spliced
-    answers as they came). Seed 22623 (the text paths): a window's decode skipped "I'm Abigail Claflin" (a segment) and
+    this is the sick corpus. I have a cold, so I probably sound quite different" (the window was then decoded again
+    as the text formats decode it; now every window is: `decode_options`). Seed 22616 (the timed paths, with that
+    change): a window decoded so, whose check decoded the digits clip's segments alone, without word times; the
+    window's segments made again from its words dropped "90210 01803" (`timed_pieces` keeps a piece without words as
+    it came). Seed 22623 (the text paths): a window's decode skipped "I'm Abigail Claflin" (a segment) and
     "You can call me Abbie" (the start of the next, one segment with the clip after it), whose first words it
     aligned over the skipped phrase; only the first went back and read "I'm Abigail Clathlon" alone (the segment
-    after a skipped one goes back with it: `coverage.suspect`)."""
+    after a skipped one goes back with it: `coverage.suspect`). Seed 23018 (the timed paths): "I have a cold, so I
+    probably sound quite different" read "I have also applied something" by a decode with Whisper's timestamp tokens,
+    as many words over the same speech (realtime/live/transcribe.py, `decode_options`)."""
     comp = random_compilation(clips(longest=40), tmp_path / f"bench-{seed}.wav", seed)
     answer = transcribe_clips(engine, [comp.path], timed)[0]
     assert not lost_speech(comp, readings["timed" if timed else "text"], answer), answer

@@ -11,8 +11,9 @@ With `window_s`, consecutive segments are packed into windows of up to that many
 them dropped) before they reach the engine: Whisper sees neighbouring sentences, as faster-whisper's own
 long-form and batched pipelines let it, which cuts errors on isolated short sentences. A full window ends at the
 longest pause between its segments in its last part (`CUT_SHARE`), so that the next does not begin inside a
-phrase. Formats with times ask the engine for Whisper's timestamps and get one entry per timed piece, mapped back
-to the file's time (`timed_entries`); text formats take a window as one entry.
+phrase. Formats with times get one entry per timed piece, mapped back to the file's time (`timed_entries`): pieces
+cut from the aligned words of the same decode as the text formats' where the engine aligns words (`decode_options`),
+else Whisper's timed pieces; text formats take a window as one entry.
 
 A lone short segment (a window of one segment with under `CONTEXT_SPEECH_S` of speech) is decoded with the recording
 around it: `CONTEXT_BEFORE_S` before and `CONTEXT_AFTER_S` after, never into a neighbouring segment's audio or context
@@ -486,6 +487,17 @@ def window_parts(engine: Engine) -> int | None:
     return None if coverage.checkable(engine) else 1
 
 
+def decode_options(engine: Engine, asked: TranscribeOptions) -> TranscribeOptions:
+    """The options a file's windows are decoded with. Formats with times are decoded as the text formats are, where
+    the engine aligns words: without Whisper's timestamp tokens, each window in one pass, and their pieces cut from
+    the aligned words (`timed_pieces`). With timestamp tokens Whisper reads a voice it barely knows (a cold in a
+    noisy room) worse, and a misreading that keeps as many words over the same speech is no gap to the coverage
+    check; only a window whose text decode is rejected has its segments decoded alone."""
+    if asked.timestamps and engine.word_timestamps and coverage.checkable(engine):
+        return replace(asked, timestamps=False, word_timestamps=True)
+    return asked
+
+
 async def transcribe_results(
     path: str | Path,
     runner: Engine | Worker,
@@ -509,7 +521,8 @@ async def transcribe_results(
     name = f"file-{uuid.uuid4().hex[:12]}"
     async with _worker_for(runner) as worker:
         size = max(1, batch_size or worker.batch_size)
-        checked = coverage.check_options(worker.engine, asked)
+        decode = decode_options(worker.engine, asked)
+        checked = coverage.check_options(worker.engine, decode)
         ahead: asyncio.Queue[tuple[SegmentEnd, asyncio.Task[Transcription | BaseException]] | BaseException | None]
         ahead = asyncio.Queue()
         room = asyncio.Semaphore(READ_AHEAD_BATCHES * size)
@@ -517,7 +530,7 @@ async def transcribe_results(
         async def settle(end: SegmentEnd, decoded: asyncio.Future[Transcription]) -> Transcription | BaseException:
             result = (await asyncio.gather(decoded, return_exceptions=True))[0]
             if isinstance(end, Window) and isinstance(result, Transcription):
-                result = await _account(worker, name, end, result, checked, asked)
+                result = await _account(worker, name, end, result, checked, decode, asked)
             return result
 
         async def read() -> None:
@@ -647,10 +660,6 @@ async def _check_window(worker: Worker, name: str, window: Window, result: Trans
     spans = coverage.timing(result)
     speech = window.heard_speech
     rejected = policy.rejected(result) and not policy.cut_at_loop(result)
-    if rejected and len(speech) > 1 and options.timestamps and options.word_timestamps:
-        untimed = await _untimed(worker, name, window, options, asked, again)
-        if untimed is not None:
-            return untimed
     checked = bool(spans) and not rejected and len(speech) > 1  # the answers are checked in turn
     loose = False  # a lone segment short by GAP_S only: its second answer must keep the first
     if spans is None or rejected:
@@ -703,28 +712,6 @@ async def _check_window(worker: Worker, name: str, window: Window, result: Trans
     return _splice(window, result, redone) if redone else result
 
 
-async def _untimed(worker: Worker, name: str, window: Window, options: TranscribeOptions, asked: TranscribeOptions,
-                   again: bool) -> Transcription | None:
-    """A packed window whose decode with Whisper's timestamp tokens was rejected, decoded again without them, as the
-    text formats decode it (its words timed by alignment), and checked as any window; None where that decode is
-    rejected too, or fails. The timestamp tokens cost Whisper its confidence on a voice it barely knows (a cold in a
-    noisy room), and the segments decoded alone lose the sentences around them that its reading leans on. Its
-    pieces are its segments' words, and the answers spliced in by the check as they came."""
-    plain = replace(options, timestamps=False)
-    try:
-        answer = await worker.submit(Job(name, window.segment, window.heard, _lane(asked), plain))
-    except Exception:
-        return None
-    if policy.rejected(answer) and not policy.cut_at_loop(answer):
-        return None
-    checked = await _check_window(worker, name, window, answer, plain, asked, again)
-    if isinstance(checked, BaseException):
-        return None
-    if checked.words and all(p.words for p in checked.segments if p.text.strip()):
-        return _splice(window, checked, {})  # one piece over the window: its segments' words
-    return checked  # spliced already, one piece a segment (an answer decoded alone may have no words)
-
-
 def _unheard(window: Window, result: Transcription, missing: list[int]) -> list[int]:
     """The window's segments whose part is speech the VAD did not hear (`Window.unheard`) and that are not decoded
     again anyway, where their text can be spliced alone (a result without words: no timed piece lies over a
@@ -745,7 +732,7 @@ def _said_in(window: Window, result: Transcription, first: int, stop: int) -> li
 
 
 async def _account(worker: Worker, name: str, window: Window, result: Transcription, options: TranscribeOptions,
-                   asked: TranscribeOptions) -> Transcription | BaseException:
+                   decode: TranscribeOptions, asked: TranscribeOptions) -> Transcription | BaseException:
     """The coverage rule (realtime/live/coverage.py) on a window's result: segments whose speech its text does not
     cover are decoded again, and their answer takes their place: a run of consecutive ones together (a decode that
     ended early leaves the rest of the window to be decoded with its context), a single one alone, each answer
@@ -753,11 +740,14 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
     stands. A result without times (an endpoint that gave none), or one sampled after the greedy decode was
     rejected, has every segment of a packed window decoded alone, as asked; a greedy decode rejected only for
     starting over is its text up to there (`policy.cut_at_loop`), checked as any. A text format's window stays one
-    piece, and word times the caller did not ask for are dropped from the result."""
-    checked = await _check(worker, name, window, result, options, asked)
+    piece, a format with times decoded as text (`decode_options`) has its pieces cut from its words
+    (`timed_pieces`), and word times the caller did not ask for are dropped from the result."""
+    checked = await _check(worker, name, window, result, options, decode)
     if isinstance(checked, BaseException):
         return checked
     result = checked
+    if asked.timestamps and not decode.timestamps:
+        result = timed_pieces(window, result)
     if not asked.timestamps:  # a text format: the window is one entry
         words = result.words if asked.word_timestamps else ()
         text = result.text.strip()
@@ -766,6 +756,55 @@ async def _account(worker: Worker, name: str, window: Window, result: Transcript
     elif result.words and not asked.word_timestamps:
         result = replace(result, segments=tuple(replace(p, words=()) for p in result.segments if p.text))
     return result
+
+
+PAUSE_S = 0.8
+"""A timed piece cut from aligned words ends at a pause between two words this long (`timed_pieces`)."""
+PIECE_S = 2.0
+"""...and between two packed segments once it lasts this long (alignment may stretch words over the pause between
+them, and the VAD may cut a faint voice's phrase in pieces)."""
+ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "st.", "jr.", "sr.", "vs.", "etc.", "e.g.", "i.e.", "no.",
+                           "prof.", "mt."})
+"""Words that end in a full stop and end no sentence."""
+
+
+def _ends_sentence(word: str) -> bool:
+    word = word.strip().lower()
+    return word.endswith(("?", "!")) or (word.endswith(".") and word not in ABBREVIATIONS)
+
+
+def timed_pieces(window: Window, result: Transcription) -> Transcription:
+    """A result decoded without timestamp tokens as timed pieces cut from its aligned words: at each sentence's end
+    and at a pause of `PAUSE_S` or more in the recording (the silence dropped between packed segments counts), and
+    between two packed segments once it lasts `PIECE_S`. A piece without words, or whose words do not spell its
+    text, stays as it is."""
+    bounds = window.bounds()
+    packed = len(bounds) > 1
+
+    def pause(before: Word, word: Word) -> float:
+        if packed:
+            return window.stream_time(word.start) - window.stream_time(before.end, end=True)
+        return word.start - before.end
+
+    def part(w: Word) -> int:
+        t = (w.start + w.end) / 2
+        return next((k for k, (_, b) in enumerate(bounds) if t < b), len(bounds) - 1)
+
+    pieces: list[TimedText] = []
+    for piece in result.segments:
+        words = [w for w in piece.words if w.word.strip()]
+        if not words or "".join(w.word for w in words).split() != piece.text.split():
+            pieces.append(piece)
+            continue
+        runs: list[list[Word]] = [[words[0]]]
+        for before, word in itertools.pairwise(words):
+            if _ends_sentence(before.word) or pause(before, word) >= PAUSE_S or \
+                    (part(word) != part(before) and before.end - runs[-1][0].start >= PIECE_S):
+                runs.append([])
+            runs[-1].append(word)
+        pieces += [TimedText(run[0].start, run[-1].end, "".join(w.word for w in run).strip(), tuple(run),
+                             lp.of_words(run) if piece.logprobs is not None else None) for run in runs]
+    return replace(result, segments=tuple(pieces))
 
 
 def _splice(window: Window, result: Transcription, redone: dict[tuple[int, int], Transcription]) -> Transcription:
