@@ -6,6 +6,7 @@ Everything downstream of this module (VAD, engines) sees only 16 kHz mono float3
 from __future__ import annotations
 
 import io
+import struct
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,8 +109,15 @@ def decode_file(path: str | Path) -> np.ndarray:
     return np.concatenate(list(iter_file(path)))
 
 
-def wav_bytes(audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> bytes:
-    """16-bit PCM mono WAV in memory."""
+def wav_bytes(audio: np.ndarray, sample_rate: int = SAMPLE_RATE, exact: bool = False) -> bytes:
+    """16-bit PCM mono WAV in memory; `exact`, 32-bit float samples as they are (WAVE_FORMAT_IEEE_FLOAT)."""
+    if exact:
+        data = np.ascontiguousarray(audio, dtype="<f4").tobytes()
+        fmt = struct.pack("<HHIIHH", 3, 1, sample_rate, sample_rate * 4, 4, 32)
+        fact = struct.pack("<I", audio.size)
+        body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<I", 4) + fact + \
+            b"data" + struct.pack("<I", len(data)) + data
+        return b"RIFF" + struct.pack("<I", len(body)) + body
     pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2")
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:

@@ -32,12 +32,11 @@ requests the upstream holds. `HeldUpload` is a client whose upload stops half-wa
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import socket
+import struct
 import threading
 import time
-import wave
 from collections import deque
 from collections.abc import Iterator
 from email.parser import BytesParser
@@ -57,15 +56,29 @@ def segment_audio(n: int, seconds: float = 0.5) -> np.ndarray:
     return np.full(int(16000 * seconds), (n + 10) / 100, dtype=np.float32)
 
 
+def _samples(wav: bytes) -> tuple[np.ndarray, int]:
+    """A mono WAV's samples in [-1, 1] and its rate: 16-bit PCM, or 32-bit float (what the remote engine sends to
+    another instance of this app)."""
+    chunks: dict[bytes, bytes] = {}
+    at = 12
+    while at + 8 <= len(wav):
+        name, size = wav[at:at + 4], struct.unpack("<I", wav[at + 4:at + 8])[0]
+        chunks[name] = wav[at + 8:at + 8 + size]
+        at += 8 + size + size % 2
+    tag, _, rate = struct.unpack("<HHI", chunks[b"fmt "][:8])
+    if tag == 3:
+        return np.frombuffer(chunks[b"data"], dtype="<f4"), rate
+    return np.frombuffer(chunks[b"data"], dtype="<i2") / 32767.0, rate
+
+
 def _seconds(wav: bytes) -> float:
-    with wave.open(io.BytesIO(wav)) as w:
-        return w.getnframes() / w.getframerate()
+    samples, rate = _samples(wav)
+    return samples.size / rate
 
 
 def _segment_id(wav: bytes) -> int:
-    with wave.open(io.BytesIO(wav)) as w:
-        first = np.frombuffer(w.readframes(1), dtype="<i2")
-    return round(float(first[0]) / 32767 * 100) - 10 if first.size else -1
+    first = _samples(wav)[0][:1]
+    return round(float(first[0]) * 100) - 10 if first.size else -1
 
 
 def _multipart(content_type: str, body: bytes) -> tuple[dict[str, str], bytes | None]:
@@ -144,7 +157,8 @@ class FakeEndpoint:
                              "digest": hashlib.sha1(wav or b"").hexdigest()[:12], "seconds": seconds,
                              "auth": self.headers.get("authorization"),
                              "lane": lane,
-                             "clip": self.headers.get("x-transcription-clip")}
+                             "clip": self.headers.get("x-transcription-clip"),
+                             "float": bool(wav) and struct.unpack("<H", wav[20:22])[0] == 3}
                     endpoint.log.append(entry)
                 endpoint.on_request(self, behaviour, entry, body)
 

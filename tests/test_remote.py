@@ -97,7 +97,8 @@ def test_openai_style_gets_model_hf_style_bare_file_token_from_env(endpoint, mon
 def test_a_window_checked_for_coverage_is_asked_whole_of_this_app_and_timed_of_others(owner):
     """A packed window asked with times only to check its coverage (realtime/live/coverage.py): an endpoint that is
     this app (its /v1/models says so) gets CLIP_HEADER and decodes it whole; any other gets verbose_json alone.
-    A live final or a timed format never carries the header."""
+    A live final or a timed format never carries the header. This app gets the samples exactly (32-bit float WAV:
+    16-bit rounding alone turned seed 23018's faint voice into other words), others 16-bit PCM."""
     ep = FakeEndpoint(owner=owner)
     checked = coverage.check_options(RemoteEngine([ep.url]), FINAL)
     try:
@@ -113,6 +114,7 @@ def test_a_window_checked_for_coverage_is_asked_whole_of_this_app_and_timed_of_o
         asked = [(e["fields"].get("response_format"), e["clip"]) for e in ep.requests()]
         app = owner == "realtime-transcription"
         assert asked == [("verbose_json", "checked" if app else None), ("verbose_json", None), ("json", None)]
+        assert {e["float"] for e in ep.requests()} == {app}
     finally:
         ep.close()
 

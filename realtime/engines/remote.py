@@ -349,7 +349,6 @@ class RemoteEngine(EngineBase):
         if self._client is None:
             await self.start()
         realtime = self._uses_realtime(audio, options)
-        wav = b"" if realtime else wav_bytes(audio)
         attempts = 1 if options.partial else 1 + self.retries  # a partial is stale by the time a retry lands
         last: _Retryable | None = None
         ep: Endpoint | None = None
@@ -368,7 +367,7 @@ class RemoteEngine(EngineBase):
                 whole = read * 2 + self.connect_timeout
                 try:
                     send = (self._send_realtime(ep, audio, options, deltas.attempt(), read) if realtime
-                            else self._send(ep, wav, options, deltas.attempt(), read))
+                            else self._send(ep, audio, options, deltas.attempt(), read))
                     result = await asyncio.wait_for(send, whole)
                 except TimeoutError:
                     last = _Retryable(f"no complete reply within {whole:.0f} s")
@@ -398,7 +397,7 @@ class RemoteEngine(EngineBase):
         assert last is not None
         raise EndpointUnavailable(f"remote endpoint failed after {sent} attempt(s): {last}", self._wait_hint())
 
-    async def _send(self, ep: Endpoint, wav: bytes, options: TranscribeOptions,
+    async def _send(self, ep: Endpoint, audio: np.ndarray, options: TranscribeOptions,
                     on_delta: Callable[[str], None], read: float) -> Transcription:
         assert self._client is not None
         url = ep.translate_url if options.task == "translate" else ep.url
@@ -425,7 +424,9 @@ class RemoteEngine(EngineBase):
             if self.stream and not options.timestamps:
                 stream = True
                 data["stream"] = "true"
-        files = {"file": ("segment.wav", wav, "audio/wav")}
+        # another instance of this app gets the samples exactly: its decode of a window then reads as this one's
+        # would (16-bit rounding alone turned a faint voice's reading into other words)
+        files = {"file": ("segment.wav", wav_bytes(audio, exact=ep.owner == APP_OWNER), "audio/wav")}
         headers: dict[str, str] = {}
         if options.live and not options.partial:
             headers[LANE_HEADER] = "final"
