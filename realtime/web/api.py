@@ -220,8 +220,8 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
         return lp.as_json(t for e in entries for t in e.logprobs or ())
 
     async def respond(params: Params, task: str, path: Path, options: TranscribeOptions) -> Response:
-        # segments are packed into windows; formats with times ask for Whisper's timestamps in them, or go
-        # segment by segment on engines that have none
+        # segments are packed into windows; formats with times get timed pieces of them (realtime/live/transcribe.py,
+        # `decode_options`), or go segment by segment on engines that have no times
         window = settings.file_window_s or None
         if params.response_format in TIMED_FORMATS:
             words = params.words or (params.diarize and service.engine.word_timestamps)
@@ -356,7 +356,7 @@ def create_router(service: TranscriptionService, *, lane_hints: bool = False) ->
                         raise engine_error(exc) from None
                     if "".join(parts).strip():
                         texts.append("".join(parts).strip())
-            else:  # a delta per timed piece of each window where the engine gives Whisper's timestamps
+            else:  # a delta per timed piece of each window where the engine gives times
                 if engine.timestamps:
                     options = dataclasses.replace(options, timestamps=True)
                 async for _, _, found in results(path, options, segments):
