@@ -80,12 +80,15 @@ class Recorder:
             self._backlog.pop(key, None)
             self.written += 1
         if self.error is not None:
-            log.info("the history is written again")
-            self.error = None
             try:  # a database server that restarted has forgotten this instance's lock
                 self.store.liveness.renew()
-            except Exception as exc:
+            except Exception as exc:  # without it another instance takes this one's sessions for interrupted
                 log.warning("this instance's lock in the history could not be taken again: %s", exc)
+                self.error = f"{type(exc).__name__}: {exc}"
+                self._schedule_retry()
+                return True
+            log.info("the history is written again")
+            self.error = None
         return True
 
     def _schedule_retry(self) -> None:
