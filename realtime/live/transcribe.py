@@ -101,6 +101,11 @@ class Window(SegmentEnd):
         starts = [o for o, _ in self.parts]
         return list(itertools.pairwise([*starts, self.audio.size / SAMPLE_RATE]))
 
+    def part_at(self, t: float) -> int:
+        """The packed segment whose audio holds `t` seconds into `heard` (the nearest one, for a time beside them)."""
+        bounds = self.bounds()
+        return min(range(len(bounds)), key=lambda k: max(bounds[k][0] - t, 0.0, t - bounds[k][1]))
+
     def part_audio(self, i: int) -> np.ndarray:
         """The audio of packed segment `i` alone (a window over its context gives the context)."""
         a, b = self.bounds()[i]
@@ -778,17 +783,11 @@ def timed_pieces(window: Window, result: Transcription) -> Transcription:
     and at a pause of `PAUSE_S` or more in the recording (the silence dropped between packed segments counts), and
     between two packed segments once it lasts `PIECE_S`. A piece without words, or whose words do not spell its
     text, stays as it is."""
-    bounds = window.bounds()
-    packed = len(bounds) > 1
-
     def pause(before: Word, word: Word) -> float:
-        if packed:
-            return window.stream_time(word.start) - window.stream_time(before.end, end=True)
-        return word.start - before.end
+        return window.stream_time(word.start) - window.stream_time(before.end, end=True)
 
     def part(w: Word) -> int:
-        t = (w.start + w.end) / 2
-        return next((k for k, (_, b) in enumerate(bounds) if t < b), len(bounds) - 1)
+        return window.part_at((w.start + w.end) / 2)
 
     pieces: list[TimedText] = []
     for piece in result.segments:
@@ -813,9 +812,7 @@ def _splice(window: Window, result: Transcription, redone: dict[tuple[int, int],
     in their places."""
     bounds = window.bounds()
     again = {i for a, b in redone for i in range(a, b)}
-
-    def part(t: float) -> int:
-        return min(range(len(bounds)), key=lambda k: max(bounds[k][0] - t, 0.0, t - bounds[k][1]))
+    part = window.part_at
 
     def shifted(answer: Transcription, offset: float, length: float) -> list[TimedText]:
         pieces = [p for p in answer.segments if p.text.strip()] or (
