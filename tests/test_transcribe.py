@@ -13,6 +13,7 @@ from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.config import WINDOW_S, VADConfig
 from realtime.engines import TranscribeOptions
 from realtime.engines import embedded as embedded_module
+from realtime.live.labels import speech_spans
 from realtime.live.transcribe import (
     CONTEXT_AFTER_S,
     CONTEXT_BEFORE_S,
@@ -136,6 +137,9 @@ def test_a_lone_short_segment_carries_the_recording_around_it_up_to_the_next_spe
                               w.audio_start + w.audio.size / SAMPLE_RATE + CONTEXT_AFTER_S) - 0.05
     long = next(w for w in got if w.context is None)
     assert w.heard is w.context and long.heard is long.audio
+    # what the speaker model windows of it is its speech with the VAD's padding, not shifted by the context before it
+    (a, b), = speech_spans(w, VADConfig(pad_before_ms=200, pad_after_ms=200))
+    assert (a, b) == (pytest.approx(w.start - 0.2, abs=1e-3), pytest.approx(w.end + 0.2, abs=1e-3))
 
 
 @pytest.mark.fast

@@ -147,7 +147,9 @@ class Window(SegmentEnd):
                       ((0.0, self.context_start),), speech=self.heard_speech)
 
     def stream_time(self, t: float, end: bool = False) -> float:
-        """The stream time of `t` seconds into the window's audio (an end belongs to the part before it)."""
+        """The stream time of `t` seconds into `heard` (an end belongs to the part before it)."""
+        if self.context is not None:
+            return self.context_start + t
         offset, at = self.parts[0]
         for o, a in self.parts[1:]:
             if t > o or (t == o and not end):
