@@ -8,7 +8,7 @@ import pytest
 
 from realtime.audio import SAMPLE_RATE, decode_file
 from realtime.config import Settings, TurnConfig, VADConfig, from_namespace, parse_settings
-from realtime.live.end_of_turn import TurnModel, available
+from realtime.live.end_of_turn import TurnModel, available, drawn_out
 from realtime.live.vad import SegmentEnd, Segmenter, SegmentStart
 
 from real_speech import DATA
@@ -31,6 +31,10 @@ def test_the_model_hears_a_finished_sentence_and_an_unfinished_one():
     finished = np.concatenate([timit, silence(0.16)])
     assert model.complete(finished) > 0.5 > model.complete(unfinished)
     assert model.complete(jfk) > 0.5  # "...ask what you can do for your country."
+    # judged 64 ms early (`LEAD_S`): the pause so far, its own sound drawn out to 160 ms, gives the same verdicts
+    early = drawn_out(jfk[: int((JFK_MID + 0.096) * SAMPLE_RATE)], 0.096, 0.16)
+    assert abs(early.size - (JFK_MID + 0.16) * SAMPLE_RATE) <= 1
+    assert model.complete(drawn_out(timit, 0.0, 0.16)) > 0.5 > model.complete(early)
 
 
 def events_of(seg: Segmenter, audio: np.ndarray) -> list[SegmentStart | SegmentEnd]:

@@ -222,9 +222,10 @@ def test_a_final_is_queued_at_the_pause_only_while_the_engine_has_no_other_sessi
 
 @pytest.mark.fast
 def test_a_finished_sentence_closes_when_the_end_of_turn_model_says_so():
-    """Issue 41: a session with end of turn has a real finished sentence's pause judged once it lasts 160 ms, and
-    its segment closes then, at the pause's start, where silence timing waits for the VAD's 400 ms; the page's choice
-    (`apply_page_inputs`) turns it on and off for a session."""
+    """Issue 41: a session with end of turn has a real finished sentence's pause judged before it lasts 160 ms (on
+    its audio drawn out to 160 ms), and its segment closes as the pause reaches 160 ms, at the pause's start, where
+    silence timing waits for the VAD's 400 ms; the page's choice (`apply_page_inputs`) turns it on and off for a
+    session."""
     from fake_engine import ScriptedEngine
 
     from realtime.config import TurnConfig
@@ -237,8 +238,8 @@ def test_a_finished_sentence_closes_when_the_end_of_turn_model_says_so():
         pytest.skip("needs pipecat-ai's Smart Turn weights")
     audio = np.concatenate([decode_file(DATA / "timit-LDC93S1.flac"), np.zeros(SAMPLE_RATE, np.float32)])
 
-    async def closed_after(turn: str) -> float:
-        """Stream seconds from the end of speech to the segment's close."""
+    async def closed_after(turn: str) -> tuple[float, float | None]:
+        """Stream seconds from the end of speech to the segment's close, and to the model's first call."""
         service = TranscriptionService(Settings(), engine=ScriptedEngine())
         await service.start()
         stops: list[tuple[float, float]] = []
@@ -247,16 +248,20 @@ def test_a_finished_sentence_closes_when_the_end_of_turn_model_says_so():
         assert session.turn == (None if turn == "silence" else TurnConfig(turn))  # type: ignore[arg-type]
         session.on_event = lambda e: (stops.append((session.stream_time, e.audio_end))
                                         if e.type == "speech_stopped" else None)
+        asked: float | None = None
         for i in range(0, audio.size, FRAME):
             session.feed(audio[i:i + FRAME])
             if session.judging is not None:
+                asked = session.stream_time if asked is None else asked
                 await session.judging
             await asyncio.sleep(0)
         service.close_session("s")
         await service.stop()
         assert len(stops) == 1, stops
-        return stops[0][0] - stops[0][1]
+        return stops[0][0] - stops[0][1], None if asked is None else asked - stops[0][1]
 
-    silence, turn = asyncio.run(closed_after("silence")), asyncio.run(closed_after("high"))
-    print(f"\nclosed {silence:.2f} s after the speech with silence timing, {turn:.2f} s with end of turn")
-    assert silence >= 0.4 and 0.1 < turn < 0.3
+    (silence, _), (turn, asked) = asyncio.run(closed_after("silence")), asyncio.run(closed_after("high"))
+    print(f"\nclosed {silence:.2f} s after the speech with silence timing, {turn:.2f} s with end of turn "
+          f"(judged at {asked} s)")
+    assert silence >= 0.4 and 0.16 <= turn < 0.16 + 2 * FRAME / SAMPLE_RATE
+    assert asked is not None and asked < 0.16

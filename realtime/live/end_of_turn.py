@@ -20,12 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from .vad import one_thread_session
+from .vad import WINDOW, one_thread_session
 
 DISTRIBUTION = "pipecat-ai"
 MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 WINDOW_S = 8
 """Seconds of audio the model reads (zeros before a shorter turn)."""
+LEAD_S = 0.064
+"""A pause is judged this long before it reaches the turn's `judge_after_ms`, on its audio drawn out to that length
+(`drawn_out`), so that the verdict is there when the pause is: the model's call takes about as long."""
 
 
 @functools.cache
@@ -40,6 +43,15 @@ def model_path() -> Path | None:
 
 def available() -> bool:
     return model_path() is not None
+
+
+def drawn_out(audio: np.ndarray, pause_s: float, to_s: float, window: int = WINDOW) -> np.ndarray:
+    """A turn's `audio`, whose pause has lasted `pause_s`, as it would be once the pause lasts `to_s`: its last
+    `window` samples (the pause's own sound: a VAD window) repeated to that length."""
+    need = round((to_s - pause_s) * SAMPLE_RATE)
+    if need <= 0 or audio.size == 0:
+        return audio
+    return np.concatenate([audio, np.resize(audio[-window:], need)])
 
 
 class TurnModel:

@@ -38,7 +38,7 @@ from ..engines import logprobs as lp
 from ..engines.policy import trim_loop
 from ..speakers import Diarization, LiveSpeakers, Turn
 from . import coverage
-from .end_of_turn import TurnModel
+from .end_of_turn import LEAD_S, TurnModel, drawn_out
 from .events import ErrorEvent, Event, FinalEvent, PartialEvent, SpeakerEvent, SpeechStarted, SpeechStopped
 from .stabilize import LocalAgreement
 from .transcript import Entry, Partial, Transcript
@@ -117,6 +117,7 @@ class TranscriptionSession:
         the eagerness's longest wait; without it, after the VAD's minimum silence."""
         self._turn_model = turn_model
         self._judged: tuple[int, float] | None = None
+        self._finished: tuple[int, float] | None = None
         self._verdict: asyncio.Future[float] | None = None
         self.choose_turn(turn)
 
@@ -199,16 +200,25 @@ class TranscriptionSession:
         self._speculative = _Speculative(segment, end, job)
 
     def _judge_turn(self) -> None:
-        """Once a pause lasts the turn's `judge_after_ms`, the turn model judges the segment's audio so far."""
+        """A pause that lasts the turn's `judge_after_ms` is judged by the turn model on the segment's audio so far;
+        the model is asked `LEAD_S` sooner, on that audio drawn out to the full pause (`end_of_turn.drawn_out`), so
+        that a finished turn closes as the pause reaches it, not a model call later."""
         seg, turn = self.segmenter, self.turn
         pause = seg.pause
-        if turn is None or self._turn_model is None or pause is None or pause == self._judged:
+        if turn is None or self._turn_model is None or pause is None:
             return
-        if seg.pause_s < turn.judge_after_ms / 1000:
+        after = turn.judge_after_ms / 1000
+        if pause == self._finished and seg.pause_s >= after:
+            self._finished = None
+            for event in seg.end_turn():
+                self._handle(event)
+            return
+        if pause == self._judged or seg.pause_s < after - LEAD_S:
             return
         self._judged = pause
         model = self._turn_model
-        future = asyncio.get_running_loop().run_in_executor(model.pool, model.complete, seg.audio_so_far())
+        audio = drawn_out(seg.audio_so_far(), seg.pause_s, after)
+        future = asyncio.get_running_loop().run_in_executor(model.pool, model.complete, audio)
         future.add_done_callback(lambda f: self._on_turn(pause, f))
         self._verdict = future
 
@@ -225,9 +235,13 @@ class TranscriptionSession:
                         future.exception())
             return
         assert self.turn is not None
-        if future.result() >= self.turn.threshold and self.segmenter.pause == pause:
-            for event in self.segmenter.end_turn():
-                self._handle(event)
+        if future.result() < self.turn.threshold or self.segmenter.pause != pause:
+            return
+        if self.segmenter.pause_s < self.turn.judge_after_ms / 1000:
+            self._finished = pause  # a verdict ahead of its pause: the turn ends when the pause is long enough
+            return
+        for event in self.segmenter.end_turn():
+            self._handle(event)
 
     def _maybe_partial(self) -> None:
         seg = self.segmenter
