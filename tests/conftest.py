@@ -244,10 +244,18 @@ def long_reading(shared: Path, long_speech: Any) -> dict[str, str]:
     return once(shared, "reading-long", produce)
 
 
+RAY_AGENT_PORT = 52365
+"""Ray's dashboard agent listens here on every node, whatever `ray.init` is given: a pool whose proxy was handed this
+port could not bind it (a fresh clone's pool tests all failed so)."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != RAY_AGENT_PORT:
+            return port
 
 
 def gone(pid: int, wait: float = 15.0) -> bool:

@@ -113,3 +113,32 @@ def test_a_vocabulary_is_read_from_a_string_or_a_list_and_goes_before_the_prompt
     assert TranscribeOptions(vocabulary=("Acme Inc.",)).terms == "Acme Inc."
     assert TranscribeOptions(prompt="x").whisper_prompt == "x" and TranscribeOptions().whisper_prompt is None
     assert parse_settings(["--vocabulary", "Claflin, Abbie"]).vocabulary_terms == ("Claflin", "Abbie")
+
+
+def test_a_pause_judged_ahead_gets_the_verdict_it_gets_when_it_lasts(tmp_path):
+    """The session asks the model `LEAD_S` before a pause lasts the turn's 160 ms, on the pause's sound drawn out to
+    160 ms: on the real pauses of `bench turns`' speech (tests/data's clips with a pause stretched inside each, as
+    the live VAD hears them), that verdict is the one the pause gets once it lasts 160 ms."""
+    from realtime.bench.turns import paused_sentences
+    from realtime.live.end_of_turn import LEAD_S
+    from realtime.live.vad import WINDOW
+
+    audio, _, _ = paused_sentences(DATA / "manifest.tsv", 90.0, tmp_path)
+    model, after = TurnModel.shared(), TurnConfig().judge_after_ms / 1000
+    seg = Segmenter()
+    seg.hold_s = 2.0
+    ahead: dict[tuple[int, float], float | None] = {}
+    pairs = []
+    for i in range(0, audio.size, WINDOW):
+        seg.feed(audio[i:i + WINDOW])
+        pause = seg.pause
+        if pause is None:
+            continue
+        if pause not in ahead and seg.pause_s >= after - LEAD_S:
+            ahead[pause] = model.complete(drawn_out(seg.audio_so_far(), seg.pause_s, after))
+        if ahead.get(pause) is not None and seg.pause_s >= after:
+            pairs.append((ahead[pause] >= 0.5, model.complete(seg.audio_so_far()) >= 0.5))
+            ahead[pause] = None
+    agree = sum(a == b for a, b in pairs)
+    print(f"\nverdicts ahead agree on {agree} of {len(pairs)} pauses")
+    assert len(pairs) >= 30 and agree >= 0.95 * len(pairs)
