@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 from filelock import FileLock
+
+from realtime.bench.common import free_port
 
 from speech import SENTENCES, Speech, compose
 
@@ -242,20 +243,6 @@ def long_reading(shared: Path, long_speech: Any) -> dict[str, str]:
                 for kind, timed in (("text", False), ("timed", True))}
 
     return once(shared, "reading-long", produce)
-
-
-RAY_AGENT_PORT = 52365
-"""Ray's dashboard agent listens here on every node, whatever `ray.init` is given: a pool whose proxy was handed this
-port could not bind it (a fresh clone's pool tests all failed so)."""
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port != RAY_AGENT_PORT:
-            return port
 
 
 def gone(pid: int, wait: float = 15.0) -> bool:

@@ -67,12 +67,21 @@ def _bar_chart(path: Path, names: list[str], values: list[float], label: str, ti
     plt.close(fig)
 
 
-def _free_port() -> int:
+RAY_AGENT_PORT = 52365
+"""Ray's dashboard agent listens here on every node, whatever `ray.init` is given: a pool whose proxy was handed this
+port could not bind it (a fresh clone's pool tests all failed so)."""
+
+
+def free_port() -> int:
+    """A free loopback port, never Ray's dashboard agent's."""
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port != RAY_AGENT_PORT:
+            return port
 
 
 BUSY_TRIES = 60

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..audio import SAMPLE_RATE, decode_file
-from .common import ROOT, _bundled_model, _cpu_seconds, _free_port, _machine, write_outputs
+from .common import ROOT, _bundled_model, _cpu_seconds, _machine, free_port, write_outputs
 
 PEERS_DIR = ROOT / ".venv-peers"
 CHUNK_S = 0.05
@@ -387,7 +387,7 @@ def start(system: str, clients: int, out: Path, warmup_wav: Path, app_args: Sequ
         proc, port = _launch(clients, *app_args, log=log)
         url = f"http://127.0.0.1:{port}"
         return Server(system, proc, lambda a: play_ours(url, a), time.monotonic() - t0, f"{url}/metrics")
-    port = _free_port()
+    port = free_port()
     with log.open("wb") as sink:
         if system.startswith("whisperlive-"):
             python = ensure_env("whisperlive")

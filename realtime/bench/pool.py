@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import ROOT, _free_port, _machine, write_outputs
+from .common import ROOT, _machine, free_port, write_outputs
 from .stream import _launch, _percent, _round_row, _stream_round, _stream_speech
 
 _REPLICAS = re.compile(r"^replicas: (\d+) at")
@@ -34,7 +34,7 @@ class _Pool:
     """The pool's process; a thread reads its output and notes each replica count it prints, with the time."""
 
     def __init__(self, autoscale: str, target: float, t0: float, log: Path, cpu_threads: int | None = 1) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.t0 = t0
         self.counts: list[tuple[float, int]] = []
         self.ready = threading.Event()

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from .common import ROOT, _cpu_seconds, _free_port, _machine, write_outputs
+from .common import ROOT, _cpu_seconds, _machine, free_port, write_outputs
 from .synth import MORE_SENTENCES, SENTENCES, Speech, compose, wer
 
 
@@ -30,7 +30,7 @@ def _launch(limit: int, *extra: str, log: Path) -> tuple[subprocess.Popen[bytes]
     returns it and its port. Its output goes to `log`. A port that another process took between choosing it and
     the app's bind (benchmarks run beside other jobs) is tried again with a new one."""
     for _ in range(3):
-        port = _free_port()
+        port = free_port()
         proc = _start(port, limit, extra, log)
         if proc is not None:
             return proc, port
