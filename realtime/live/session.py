@@ -208,12 +208,7 @@ class TranscriptionSession:
         if turn is None or self._turn_model is None or pause is None:
             return
         after = turn.judge_after_ms / 1000
-        if pause == self._finished and seg.pause_s >= after:
-            self._finished = None
-            for event in seg.end_turn():
-                self._handle(event)
-            return
-        if pause == self._judged or seg.pause_s < after - LEAD_S:
+        if self._end_finished_turn() or pause == self._judged or seg.pause_s < after - LEAD_S:
             return
         self._judged = pause
         model = self._turn_model
@@ -235,13 +230,22 @@ class TranscriptionSession:
                         future.exception())
             return
         assert self.turn is not None
-        if future.result() < self.turn.threshold or self.segmenter.pause != pause:
-            return
-        if self.segmenter.pause_s < self.turn.judge_after_ms / 1000:
-            self._finished = pause  # a verdict ahead of its pause: the turn ends when the pause is long enough
-            return
-        for event in self.segmenter.end_turn():
+        if future.result() >= self.turn.threshold and self.segmenter.pause == pause:
+            self._finished = pause
+            self._end_finished_turn()
+
+    def _end_finished_turn(self) -> bool:
+        """Close the segment at its pause if the model found the turn finished and the pause has lasted the turn's
+        `judge_after_ms` (a verdict asked ahead of its pause waits for that); whether it closed."""
+        seg = self.segmenter
+        if self._finished is None or self._finished != seg.pause or self.turn is None:
+            return False
+        if seg.pause_s < self.turn.judge_after_ms / 1000:
+            return False
+        self._finished = None
+        for event in seg.end_turn():
             self._handle(event)
+        return True
 
     def _maybe_partial(self) -> None:
         seg = self.segmenter
