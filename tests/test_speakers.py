@@ -34,6 +34,8 @@ from openai import OpenAI
 from short_conversation import build_turns, short_conversation, trimmed
 
 from realtime.audio import SAMPLE_RATE, decode_file, iter_file
+from realtime.bench.conversations import random_conversation, voices
+from realtime.bench.corpus import read_manifest
 from realtime.bench.speakers import ALONE_S, alone_s, bench_speakers, der, padded, read_rttm, srt_cues, vad_segments
 from realtime.config import Settings, VADConfig
 from realtime.engines.types import Word
@@ -113,6 +115,34 @@ def test_the_scorer_reads_rttm(tmp_path):
     assert read_rttm(path) == [(0.5, 2.5, "spk1"), (3.0, 4.5, "spk2")]
     assert Diarization([Turn(0.5, 2.5, 0)], np.zeros((1, 2))).rttm("a").split()[:8] == \
         ["SPEAKER", "a", "1", "0.500", "2.000", "<NA>", "<NA>", "A"]
+
+
+@pytest.mark.fast
+def test_a_constructed_conversation_is_real_voices_taking_turns_where_its_reference_says(tmp_path):
+    """`bench speakers --conversations`: two or three of the manifest's voices take turns of their clips' phrases.
+    The reference holds speech where the audio is loud and nothing where it is quiet, names the drawn voices, has
+    gaps between turns and some overlap over a few seeds, and the same seed writes the same recording."""
+    by_voice = voices(read_manifest(DATA / "manifest.tsv"))
+    assert len(by_voice) >= 5 and all(sum(c.duration for c in cs) >= 10 for cs in by_voice.values())
+    overlaps = 0
+    for seed in (7, 8, 9):
+        talk = random_conversation(by_voice, tmp_path / f"c{seed}.flac", seed)
+        audio = decode_file(talk.path)
+        written = read_rttm(talk.path.with_suffix(".rttm"))
+        assert [(round(a, 3), round(b, 3), w) for a, b, w in written] == talk.reference
+        assert {w for *_, w in talk.reference} == set(talk.voices) and len(talk.voices) in (2, 3)
+        grid = np.zeros(audio.size // 160, bool)
+        for a, b, _ in talk.reference:
+            grid[round(a * 100):round(b * 100)] = True
+        level = 10 * np.log10(np.mean(audio[:grid.size * 160].reshape(-1, 160) ** 2, axis=1) + 1e-12)
+        assert np.median(level[grid]) > np.percentile(level[~grid], 90) + 6, seed
+        turns = [t for t in talk.reference if all(t[2] != u[2] or t == u for u in talk.reference
+                                                  if u[0] < t[0] < u[1])]
+        overlaps += any(a < b0 and w != w0 for (_, b0, w0), (a, _, w) in itertools.pairwise(turns))
+        assert talk.reference[-1][1] < audio.size / SAMPLE_RATE
+    again = random_conversation(by_voice, tmp_path / "again.flac", 9)
+    assert again.reference == talk.reference and np.array_equal(decode_file(again.path), audio)
+    assert overlaps >= 1
 
 
 @pytest.mark.fast
@@ -238,26 +268,40 @@ def test_two_and_three_of_the_real_voices_are_counted_right(diarizer, tmp_path):
         assert all(len(v) == 1 for v in said.values()) and len(said) == len(group), (group, found.turns)
 
 
-def test_real_meetings_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp_path):
+CONVERSATIONS = (100, 4)
+"""(first seed, count) of the constructed conversations `bench speakers` scores here beside the meetings (one
+exact count is wrong among them: seed 103's three voices are found as four)."""
+
+
+def test_real_meetings_and_conversations_offline_and_live_beat_the_one_speaker_floor(diarizer, tmp_path):
     """The AMI excerpts (tests/data/speakers): DER without overlapped speech, pooled over the files, within the
     issue's bounds (offline 15 %, live 22 %) give or take a margin for the CPU's floating point, and each well
     under the floor of everything one speaker, which shares the same missed speech. Offline, the count is exact on
     four of the seven recordings of two or three voices (three when a cluster needed four windows: EN2003a's
     three people, who say 3 to 8 s each, were one), and on five of them against the voices that say a sentence
     alone (`ALONE_S`): the voices it misses speak 1.1 s or less with no one else talking, too little for a window of
-    their own."""
-    doc = bench_speakers(argparse.Namespace(dir=str(DATA / "speakers"), out=str(tmp_path), layer_only=True))
+    their own. On constructed conversations of two or three real voices (`--conversations`), the count is exact on
+    at least two thirds, false alarm stays under 3 % and DER under a third of the floor."""
+    first, n = CONVERSATIONS
+    doc = bench_speakers(argparse.Namespace(dir=str(DATA / "speakers"), out=str(tmp_path), layer_only=True,
+                                            conversations=n, seed=first, manifest=str(DATA / "manifest.tsv")))
     summary = doc["summary"]
     assert summary["files"] >= 13 and summary["minutes"] >= 6
     assert summary["offline_no_overlap"] <= 17 and summary["live_no_overlap"] <= 22, summary
     assert summary["offline_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["live_no_overlap"] <= summary["one_no_overlap"] - 5, summary
     assert summary["offline"] < summary["one"] and summary["live"] < summary["one"], summary
-    few = [r for r in doc["files"] if r["speakers"] <= 3]  # a voice that says a sentence is a speaker
+    meetings = [r for r in doc["files"] if r["set"] == "meetings"]
+    few = [r for r in meetings if r["speakers"] <= 3]  # a voice that says a sentence is a speaker
     assert sum(r["found_offline"] == r["speakers"] for r in few) >= 4, [(r["file"], r["found_offline"]) for r in few]
     assert sum(r["found_offline"] == r["speakers_alone"] for r in few) >= 5, \
         [(r["file"], r["found_offline"], r["speakers_alone"], ALONE_S) for r in few]
-    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == (2 + 3) + 1 + (2 + summary["files"])
+    talks = summary["sets"]["conversations"]
+    assert talks["files"] == n and {r["speakers"] for r in doc["files"][-n:]} <= {2, 3}
+    assert 3 * talks["count_offline"]["exact"] >= 2 * n, talks
+    assert talks["false_alarm_offline"] < 3 and talks["offline_no_overlap"] < talks["one_no_overlap"] / 3, talks
+    blocks = 3 * (2 + (2 + 3) + 1)  # meetings, conversations, all: a heading, a table, a blank line
+    assert (tmp_path / "bench-speakers.md").read_text().count("\n") == blocks + (2 + summary["files"] + n)
 
 
 def test_a_live_session_labels_each_final_and_keeps_a_voice_s_label(engine, conversation):

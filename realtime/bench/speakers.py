@@ -27,6 +27,7 @@ from ..audio import SAMPLE_RATE, decode_file, iter_file
 from ..live.vad import SegmentEnd, Segmenter, VADConfig
 from ..speakers import Diarizer, LiveSpeakers, Turn
 
+MANIFEST = Path("tests/data/manifest.tsv")
 COLLAR_S = 0.25
 FRAME_S = 0.01
 ALONE_S = 2.0
@@ -238,28 +239,30 @@ def _count(rows: Sequence[dict], kind: str, against: str = "speakers") -> dict[s
     return {"exact": sum(d == 0 for d in off), "one_off": sum(d == 1 for d in off), "more": sum(d > 1 for d in off)}
 
 
-def bench_speakers(args: argparse.Namespace) -> dict:
-    files = sorted(Path(args.dir).glob("*.flac"))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    answers = {} if args.layer_only else served_answers(files, out)
-    kinds = KINDS[3:] if args.layer_only else KINDS  # the file path's speech is the API's: the full run's
-    diarizer = Diarizer()
-    rows = [diarize_file(diarizer, f, answers.get(f.stem), on_file_speech=not args.layer_only) for f in files]
+SETS = ("meetings", "conversations", "all")
+"""The summaries: the recordings of `--dir` (real meetings), the constructed conversations (`--conversations`), and
+both."""
+
+
+def summarize(rows: Sequence[dict], kinds: Sequence[str]) -> dict[str, object]:
+    """A set's pooled DER (with and without overlapped speech) of each kind, false alarm and speaker counts."""
     summary: dict[str, object] = {k: round(100 * pooled(rows, k), 1) for kind in kinds
                                   for k in (kind, f"{kind}_no_overlap")}
     for kind in kinds[:-1]:
         summary[f"count_{kind}"] = _count(rows, kind)
         summary[f"count_alone_{kind}"] = _count(rows, kind, "speakers_alone")
+        few = [r for r in rows if r["speakers"] <= 3]
+        summary[f"count_few_{kind}"] = f"{sum(r[f'found_{kind}'] == r['speakers'] for r in few)} of {len(few)}"
         summary[f"false_alarm_{kind}"] = round(100 * pooled(rows, f"{kind}_no_overlap", "false_alarm"), 1)
     summary["files"] = len(rows)
     summary["minutes"] = round(sum(r["seconds"] for r in rows) / 60, 1)
-    summary["offline_cost_per_s"] = round(statistics.median(r["offline_cost"] for r in rows), 4)
-    summary["live_cost_per_s"] = round(statistics.median(r["live_cost"] for r in rows), 4)
-    doc = {"summary": summary, "files": rows}
-    (out / "bench-speakers.json").write_text(json.dumps(doc, indent=1))
+    return summary
+
+
+def _table(summary: dict, kinds: Sequence[str]) -> list[str]:
     lines = ["| | DER | without overlapped speech | false alarm | speaker count exact / one off / more | the same, "
-             f"against the voices that speak {ALONE_S:.0f} s alone |", "|---|---|---|---|---|---|"]
+             f"against the voices that speak {ALONE_S:.0f} s alone | exact, two or three voices |",
+             "|---|---|---|---|---|---|---|"]
 
     def counted(key: str) -> str:
         count = summary.get(key)
@@ -268,9 +271,54 @@ def bench_speakers(args: argparse.Namespace) -> dict:
     for kind in kinds:
         alarm = f"{summary[f'false_alarm_{kind}']} %" if f"false_alarm_{kind}" in summary else ""
         lines.append(f"| {NAMES[kind]} | {summary[kind]} % | {summary[f'{kind}_no_overlap']} % | {alarm} | "
-                     f"{counted(f'count_{kind}')} | {counted(f'count_alone_{kind}')} |")
+                     f"{counted(f'count_{kind}')} | {counted(f'count_alone_{kind}')} | "
+                     f"{summary.get(f'count_few_{kind}', '')} |")
+    return lines
+
+
+def conversations(n: int, seed: int, out: Path, manifest: Path) -> list[Path]:
+    """`n` constructed conversations (`conversations.random_conversation`, seeds `seed` on) of `manifest`'s voices,
+    written with their RTTMs under `out`."""
+    from .conversations import random_conversation, voices
+    from .corpus import read_manifest
+
+    out.mkdir(parents=True, exist_ok=True)
+    by_voice = voices(read_manifest(manifest))
+    return [random_conversation(by_voice, out / f"conversation-{s}.flac", s).path for s in range(seed, seed + n)]
+
+
+def bench_speakers(args: argparse.Namespace) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meetings = sorted(Path(args.dir).glob("*.flac"))
+    n = getattr(args, "conversations", 0)
+    seed = getattr(args, "seed", None)
+    seed = int(time.time()) % 100_000 if seed is None else seed
+    talks = conversations(n, seed, out / "conversations", Path(getattr(args, "manifest", MANIFEST))) if n else []
+    if talks:
+        print(f"{n} constructed conversations, seeds {seed} to {seed + n - 1}", flush=True)
+    files = meetings + talks
+    answers = {} if args.layer_only else served_answers(files, out)
+    kinds = KINDS[3:] if args.layer_only else KINDS  # the file path's speech is the API's: the full run's
+    diarizer = Diarizer()
+    rows = [diarize_file(diarizer, f, answers.get(f.stem), on_file_speech=not args.layer_only) for f in files]
+    for row, f in zip(rows, files, strict=True):
+        row["set"] = "conversations" if f in talks else "meetings"
+    sets = {name: [r for r in rows if name == "all" or r["set"] == name] for name in SETS}
+    summary: dict[str, object] = summarize(sets["meetings"], kinds)
+    summary["sets"] = {name: summarize(part, kinds) for name, part in sets.items() if part}
+    summary["seed"] = seed if talks else None
+    summary["offline_cost_per_s"] = round(statistics.median(r["offline_cost"] for r in rows), 4)
+    summary["live_cost_per_s"] = round(statistics.median(r["live_cost"] for r in rows), 4)
+    doc = {"summary": summary, "files": rows}
+    (out / "bench-speakers.json").write_text(json.dumps(doc, indent=1))
+    lines: list[str] = []
+    for name in SETS:
+        if name in summary["sets"] and (name != "all" or len(summary["sets"]) == len(SETS)):
+            part = summary["sets"][name]
+            lines += [f"{name} ({part['files']} recordings, {part['minutes']} min):", "", *_table(part, kinds), ""]
     found = [k for k in kinds if k not in ("srt", "one")]
-    lines += ["", f"| file | s | speakers (alone {ALONE_S:.0f} s) | found: {' / '.join(found)} | "
+    lines += [f"| file | s | speakers (alone {ALONE_S:.0f} s) | found: {' / '.join(found)} | "
               + " | ".join(f"{k} | no overlap" for k in kinds) + " |", "|---|---|---|---|" + "---|" * 2 * len(kinds)]
     for r in rows:
         counts = " / ".join(str(r[f"found_{k}"]) for k in found)
@@ -291,4 +339,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default="tests/data/speakers", help="FLAC files, each with an RTTM of the same name")
     p.add_argument("--layer-only", action="store_true",
                    help="the speaker layer's turns alone, without launching the app for the API's answers")
+    p.add_argument("--conversations", type=int, default=8, metavar="N",
+                   help="also N constructed conversations of two or three of --manifest's voices (turns of their "
+                        "clips' phrases, with gaps and some overlap; 0 for none)")
+    p.add_argument("--seed", type=int, help="the first conversation's seed (default: from the clock; printed)")
+    p.add_argument("--manifest", default=str(MANIFEST), help="the clips the conversations are made of")
     p.add_argument("--out", default="bench-out")
