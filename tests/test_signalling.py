@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -166,3 +167,71 @@ def test_an_app_without_history_says_so_and_keeps_nothing(limited_app):
     data = limited_app.log.parent / "data"
     assert not data.exists() or not any(data.iterdir()), list(data.iterdir())
 
+
+
+def test_the_server_hands_on_each_received_audio_frame_once_the_next_one_has_come():
+    """Real aiortc peers on loopback, the receiver set up as the app sets up its own (`release_audio_promptly`): a
+    sender that stops after `sent` frames of 20 ms leaves only the last two behind (the one whose end is known when the
+    next starts, and one in the codec's path), not the five that aiortc's playout buffer holds back (`prefetch=4`):
+    60 ms less between the end of speech and the VAD hearing it."""
+    import fractions
+
+    from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection
+    from aiortc.mediastreams import MediaStreamError
+    from av import AudioFrame
+
+    from realtime.web.jitter import AUDIO_PREFETCH, release_audio_promptly
+
+    release_audio_promptly()
+    use_loopback_only()
+    sent, rng = 40, np.random.default_rng(0)
+
+    class Speech(MediaStreamTrack):
+        kind = "audio"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.i = 0
+
+        async def recv(self) -> AudioFrame:
+            if self.i >= sent:
+                await asyncio.Event().wait()  # the speaker stops: no more packets
+            await asyncio.sleep(0.02)
+            frame = AudioFrame(format="s16", layout="mono", samples=320)
+            frame.planes[0].update((rng.standard_normal(320) * 3000).astype(np.int16).tobytes())
+            frame.sample_rate, frame.time_base = SAMPLE_RATE, fractions.Fraction(1, SAMPLE_RATE)
+            frame.pts = self.i * 320
+            self.i += 1
+            return frame
+
+    async def run() -> int:
+        sender, receiver = (RTCPeerConnection(RTCConfiguration(iceServers=[])) for _ in range(2))
+        got, enough, readers = [0], asyncio.Event(), []
+
+        def on_track(track: MediaStreamTrack) -> None:
+            async def read() -> None:
+                with contextlib.suppress(MediaStreamError):
+                    while True:
+                        await track.recv()
+                        got[0] += 1
+                        if got[0] >= sent - AUDIO_PREFETCH - 1:
+                            enough.set()
+
+            readers.append(asyncio.ensure_future(read()))
+
+        receiver.on("track", on_track)
+        sender.addTrack(Speech())
+        try:
+            await sender.setLocalDescription(await sender.createOffer())
+            await receiver.setRemoteDescription(sender.localDescription)
+            await receiver.setLocalDescription(await receiver.createAnswer())
+            await sender.setRemoteDescription(receiver.localDescription)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), 60)
+            await asyncio.sleep(0.2)  # nothing more comes
+            return got[0]
+        finally:
+            await sender.close()
+            await receiver.close()
+
+    assert asyncio.run(run()) == sent - AUDIO_PREFETCH - 1

@@ -50,6 +50,7 @@ from .api_fields import APIError, line_chars, token_refused
 from .history import create_history_router
 from .history_tab import build_history_tab
 from .ice import use_loopback_only
+from .jitter import release_audio_promptly
 from .limits import SessionLimits
 from .metrics import Metrics
 from .realtime_api import create_realtime_router
@@ -136,6 +137,7 @@ async def _housekeeping(service: TranscriptionService, store: Store, keep_days: 
 def build_app(settings: Settings, service: TranscriptionService | None = None) -> tuple[FastAPI, TranscriptionService]:
     if settings.ice_loopback:
         use_loopback_only()
+    release_audio_promptly()
     service = service or TranscriptionService(settings)
     store = open_store(settings)
     if store is not None:
