@@ -90,17 +90,16 @@ def speech_runs(audio: np.ndarray, pause_s: float = PHRASE_PAUSE_S) -> list[tupl
     return [(a, b) for a, b in runs if b - a >= SHORTEST_PHRASE_S]
 
 
-def phrases(clip: Clip) -> list[Phrase]:
-    """A clip cut into its phrases at the middle of each pause between them, each with its speech."""
-    audio = decode_file(clip.path)
+def phrases(clip: Clip, audio: np.ndarray) -> list[Phrase]:
+    """A clip (its `audio`) cut into its phrases at the middle of each pause between them, each with its speech."""
     runs = speech_runs(audio)
     cuts = [0.0] + [(b + a2) / 2 for (_, b), (a2, _) in itertools.pairwise(runs)] + [audio.size / SAMPLE_RATE]
     return [Phrase(clip, audio[round(lo * SAMPLE_RATE):round(hi * SAMPLE_RATE)], [(a - lo, b - lo)])
             for lo, hi, (a, b) in zip(cuts[:-1], cuts[1:], runs, strict=True)]
 
 
-def _level(clips: list[Clip]) -> float:
-    audio = np.concatenate([decode_file(c.path) for c in clips])
+def _level(audios: list[np.ndarray]) -> float:
+    audio = np.concatenate(audios)
     return max(float(np.sqrt(np.mean(audio ** 2))), 1e-5)
 
 
@@ -114,9 +113,11 @@ def random_conversation(by_voice: dict[str, list[Clip]], path: Path, seed: int, 
 
     rng = random.Random(seed)
     who = rng.sample(sorted(by_voice), rng.randint(*people))
-    queues = {w: [p for c in rng.sample(by_voice[w], len(by_voice[w])) for p in phrases(c)] for w in who}
-    gains = {w: 10 ** ((LEVEL_DB + rng.uniform(-VOICE_SPREAD_DB, VOICE_SPREAD_DB)) / 20) / _level(by_voice[w])
-             for w in who}
+    audio = {c.path: decode_file(c.path) for w in who for c in by_voice[w]}
+    queues = {w: [p for c in rng.sample(by_voice[w], len(by_voice[w])) for p in phrases(c, audio[c.path])]
+              for w in who}
+    gains = {w: 10 ** ((LEVEL_DB + rng.uniform(-VOICE_SPREAD_DB, VOICE_SPREAD_DB)) / 20)
+             / _level([audio[c.path] for c in by_voice[w]]) for w in who}
     target = rng.uniform(*length_s)
     placed: list[tuple[float, str, Phrase]] = []
     t, last, spoken, order = rng.uniform(0.3, 1.0), None, 0.0, list(who)
@@ -128,14 +129,13 @@ def random_conversation(by_voice: dict[str, list[Clip]], path: Path, seed: int, 
         turn = [queues[speaker].pop(0) for _ in range(min(rng.randint(1, 3), len(queues[speaker])))]
         length = sum(p.audio.size for p in turn) / SAMPLE_RATE
         if placed:
-            previous = placed[-1][2]
+            previous, first = placed[-1][2], turn[0].speech[0]
             prev_end = placed[-1][0] + previous.speech[-1][1]
             if rng.random() < OVERLAP_CHANCE:
-                first = turn[0].speech[0]
                 most = 0.5 * min(previous.speech[-1][1] - previous.speech[0][0], first[1] - first[0])
-                t = prev_end - min(rng.uniform(*OVERLAP_S), most) - turn[0].speech[0][0]
+                t = prev_end - min(rng.uniform(*OVERLAP_S), most) - first[0]
             else:
-                t = prev_end + rng.uniform(*GAPS_S) - turn[0].speech[0][0]
+                t = prev_end + rng.uniform(*GAPS_S) - first[0]
         for phrase in turn:
             placed.append((t, speaker, phrase))
             t += phrase.audio.size / SAMPLE_RATE

@@ -26,8 +26,9 @@ import numpy as np
 from ..audio import SAMPLE_RATE, decode_file, iter_file
 from ..live.vad import SegmentEnd, Segmenter, VADConfig
 from ..speakers import Diarizer, LiveSpeakers, Turn
+from .common import ROOT
 
-MANIFEST = Path("tests/data/manifest.tsv")
+MANIFEST = ROOT / "tests" / "data" / "manifest.tsv"
 COLLAR_S = 0.25
 FRAME_S = 0.01
 ALONE_S = 2.0
@@ -291,10 +292,9 @@ def bench_speakers(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meetings = sorted(Path(args.dir).glob("*.flac"))
-    n = getattr(args, "conversations", 0)
-    seed = getattr(args, "seed", None)
-    seed = int(time.time()) % 100_000 if seed is None else seed
-    talks = conversations(n, seed, out / "conversations", Path(getattr(args, "manifest", MANIFEST))) if n else []
+    n = args.conversations
+    seed = int(time.time()) % 100_000 if args.seed is None else args.seed
+    talks = conversations(n, seed, out / "conversations", Path(args.manifest)) if n else []
     if talks:
         print(f"{n} constructed conversations, seeds {seed} to {seed + n - 1}", flush=True)
     files = meetings + talks
@@ -305,8 +305,8 @@ def bench_speakers(args: argparse.Namespace) -> dict:
     for row, f in zip(rows, files, strict=True):
         row["set"] = "conversations" if f in talks else "meetings"
     sets = {name: [r for r in rows if name == "all" or r["set"] == name] for name in SETS}
-    summary: dict[str, object] = summarize(sets["meetings"], kinds)
-    summary["sets"] = {name: summarize(part, kinds) for name, part in sets.items() if part}
+    by_set = {name: summarize(part, kinds) for name, part in sets.items() if part}
+    summary: dict[str, object] = {**(by_set.get("meetings") or summarize([], kinds)), "sets": by_set}
     summary["seed"] = seed if talks else None
     summary["offline_cost_per_s"] = round(statistics.median(r["offline_cost"] for r in rows), 4)
     summary["live_cost_per_s"] = round(statistics.median(r["live_cost"] for r in rows), 4)
@@ -314,8 +314,8 @@ def bench_speakers(args: argparse.Namespace) -> dict:
     (out / "bench-speakers.json").write_text(json.dumps(doc, indent=1))
     lines: list[str] = []
     for name in SETS:
-        if name in summary["sets"] and (name != "all" or len(summary["sets"]) == len(SETS)):
-            part = summary["sets"][name]
+        if name in by_set and (name != "all" or len(by_set) == len(SETS)):
+            part = by_set[name]
             lines += [f"{name} ({part['files']} recordings, {part['minutes']} min):", "", *_table(part, kinds), ""]
     found = [k for k in kinds if k not in ("srt", "one")]
     lines += [f"| file | s | speakers (alone {ALONE_S:.0f} s) | found: {' / '.join(found)} | "
